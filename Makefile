@@ -1,0 +1,40 @@
+# Kontinuum — developer entry points. `make help` lists them.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+CARGO ?= cargo
+
+# The test-bed tools live in a cache outside the checkout (see e2e/testbed/build-tools.sh);
+# the script is a no-op when the cache is warm and prints the bin directory.
+TESTBED_BIN = $(shell bash e2e/testbed/build-tools.sh)
+
+.PHONY: help build test fmt fmt-check clippy crds testbed testbed-smoke unit
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+build: ## Build every crate and binary
+	$(CARGO) build --workspace --all-targets --locked
+
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+fmt-check: ## Fail on unformatted code
+	$(CARGO) fmt --all -- --check
+
+clippy: ## Lint, warnings are errors
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+crds: ## Regenerate the CRD YAML in crds/ from the Rust types
+	$(CARGO) run --locked -q -p kontinuum-crds --bin crdgen -- crds
+
+testbed: ## Build the test-bed tools (etcd, kube-*, kubectl, kwok, helm) into the cache
+	@bash e2e/testbed/build-tools.sh
+
+testbed-smoke: ## Start one control plane with kontinuum-testbed, use it, stop it
+	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) bash scripts/testbed-smoke.sh
+
+unit: ## Tests that need no test bed
+	$(CARGO) test --workspace --locked --lib --bins
+
+test: fmt-check clippy ## Everything CI runs: fmt, clippy, unit and real-test-bed tests
+	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) $(CARGO) test --workspace --locked --no-fail-fast

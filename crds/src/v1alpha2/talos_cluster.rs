@@ -1,0 +1,233 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{LocalRef, Teardown};
+use crate::conditions::HasConditions;
+use crate::schema::{DNS1123_LABEL, MAX_LABEL_LEN, VERSION};
+
+/// Key, in the Secret of `status.secretRef`, of the Talos secrets bundle (JSON). Generated
+/// once and never regenerated: the machines trust its CAs.
+pub const SECRETS_BUNDLE_KEY: &str = "secrets-bundle";
+
+/// Key, in the Secret of `status.secretRef`, of the cluster's admin kubeconfig.
+pub const KUBECONFIG_KEY: &str = "kubeconfig";
+
+/// A Talos Kubernetes cluster, built from a control-plane InstancePool and optional worker
+/// pools of the same namespace.
+///
+/// The talos-bootstrapper generates the secrets bundle, applies machine configurations,
+/// bootstraps etcd, stores the kubeconfig, seeds the built-in Addons and reports `Ready`
+/// once the control plane is healthy and every enabled Addon is `Ready`.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "kontinuum.sh",
+    version = "v1alpha2",
+    kind = "TalosCluster",
+    namespaced,
+    status = "TalosClusterStatus",
+    derive = "PartialEq",
+    shortname = "tc",
+    category = "kontinuum",
+    doc = "A Talos Linux Kubernetes cluster built from InstancePools.",
+    printcolumn(name = "Talos", type_ = "string", json_path = ".spec.talos.version"),
+    printcolumn(
+        name = "Kubernetes",
+        type_ = "string",
+        json_path = ".spec.kubernetes.version"
+    ),
+    printcolumn(
+        name = "ControlPlanePool",
+        type_ = "string",
+        json_path = ".spec.controlPlane.poolRef.name"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        // The guards keep a missing (required) control plane a plain "Required value" error.
+        "rule": "!has(self.workers) || !has(self.controlPlane) || !has(self.controlPlane.poolRef) || !has(self.controlPlane.poolRef.name) || self.workers.all(w, w.poolRef.name != self.controlPlane.poolRef.name)",
+        "fieldPath": ".workers",
+        "message": "spec.workers[].poolRef.name must differ from spec.controlPlane.poolRef.name",
+    },
+]))]
+#[serde(rename_all = "camelCase")]
+pub struct TalosClusterSpec {
+    /// Talos settings of every machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub talos: Option<TalosSettings>,
+
+    /// Kubernetes settings of the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesSettings>,
+
+    /// The control plane. A single replica is a first-class setup.
+    pub control_plane: ControlPlane,
+
+    /// Named worker pools, joined once the control plane is ready.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 32),
+        extend(
+            "x-kubernetes-list-type" = "map",
+            "x-kubernetes-list-map-keys" = ["name"],
+            "x-kubernetes-validations" = [
+                {
+                    "rule": "self.all(w, self.exists_one(x, x.name == w.name))",
+                    "message": "spec.workers[].name must be unique",
+                },
+                {
+                    "rule": "self.all(w, self.exists_one(x, x.poolRef.name == w.poolRef.name))",
+                    "message": "spec.workers[].poolRef.name must be unique: two worker pools cannot share an InstancePool",
+                },
+            ],
+        ),
+    )]
+    pub workers: Vec<WorkerPool>,
+
+    /// What happens to the machines when the cluster is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teardown: Option<Teardown>,
+}
+
+/// Talos settings of a cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosSettings {
+    /// Talos version of every machine, e.g. `v1.13.0`. Unset: the operators' default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), pattern(VERSION))]
+    pub version: Option<String>,
+}
+
+/// Kubernetes settings of a cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesSettings {
+    /// Kubernetes version, e.g. `v1.32.0`. Unset: the operators' default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), pattern(VERSION))]
+    pub version: Option<String>,
+}
+
+/// The control plane of a cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlane {
+    /// The InstancePool whose Instances form the control plane. Immutable.
+    #[schemars(extend("x-kubernetes-validations" = [
+        {
+            "rule": "self.name == oldSelf.name",
+            "fieldPath": ".name",
+            "message": "spec.controlPlane.poolRef.name is immutable",
+        },
+    ]))]
+    pub pool_ref: LocalRef,
+}
+
+/// A named pool of worker machines.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerPool {
+    /// Name of the worker pool, unique within the cluster: a DNS-1123 label.
+    #[schemars(length(min = 1, max = MAX_LABEL_LEN), pattern(DNS1123_LABEL))]
+    pub name: String,
+
+    /// The InstancePool whose Instances join as workers. Immutable for a given worker pool
+    /// name.
+    #[schemars(extend("x-kubernetes-validations" = [
+        {
+            "rule": "self.name == oldSelf.name",
+            "fieldPath": ".name",
+            "message": "spec.workers[].poolRef.name is immutable",
+        },
+    ]))]
+    pub pool_ref: LocalRef,
+}
+
+/// Observed state of a TalosCluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosClusterStatus {
+    /// Conditions: `Bootstrapped`, `KubeconfigAvailable`, `ControlPlaneReady`,
+    /// `AddonsReady`, `Ready`, `Deleting`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// The `metadata.generation` of the last reconcile in which every step succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// The Secret, in the cluster's namespace, holding the Talos secrets bundle (key
+    /// `secrets-bundle`) and the admin kubeconfig (key `kubeconfig`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<LocalRef>,
+
+    /// The Kubernetes API endpoint of the cluster, e.g. `https://192.0.2.10:6443`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+
+    /// Members of the control plane.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane: Option<ControlPlaneStatus>,
+
+    /// Members of each worker pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub workers: Vec<WorkerPoolStatus>,
+}
+
+/// Members of a cluster's control plane.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlaneStatus {
+    /// Claimed, `Discovered` Instances of the control-plane pool.
+    #[serde(default)]
+    pub replicas: i32,
+
+    /// Control-plane members that pass the cluster health check.
+    #[serde(default)]
+    pub ready_replicas: i32,
+}
+
+/// Members of one worker pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerPoolStatus {
+    /// Name of the worker pool (`spec.workers[].name`).
+    pub name: String,
+
+    /// Claimed, `Discovered` Instances of the pool.
+    #[serde(default)]
+    pub replicas: i32,
+
+    /// Members that joined the cluster.
+    #[serde(default)]
+    pub joined_replicas: i32,
+}
+
+impl HasConditions for TalosClusterStatus {
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+
+    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+        &mut self.conditions
+    }
+}

@@ -1,0 +1,179 @@
+//! Shared helpers for Kontinuum's end-to-end tests, which run against the real test bed
+//! (`kontinuum-testbed`): namespaces per test, CRD installation, fixture loading, waiting
+//! for conditions (never sleeping in their place).
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, ResourceExt as _};
+
+pub use kontinuum_testbed as testbed;
+
+/// Field manager of everything the tests apply.
+pub const FIELD_MANAGER: &str = "kontinuum-e2e";
+
+/// The shared control plane of this test binary and a client for the calling runtime.
+pub async fn shared_client() -> anyhow::Result<(Client, &'static testbed::Shared)> {
+    let shared = testbed::shared()
+        .map_err(anyhow::Error::msg)
+        .context("starting the test bed")?;
+    let client = shared.client().await.context("building a client")?;
+    Ok((client, shared))
+}
+
+/// `e2e/fixtures/<relative>`.
+pub fn fixture(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(relative)
+}
+
+/// Parses a multi-document YAML fixture.
+pub fn load_yaml<T: serde::de::DeserializeOwned>(relative: &str) -> anyhow::Result<Vec<T>> {
+    let path = fixture(relative);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_saphyr::from_multiple(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Creates a namespace with a unique name starting with `prefix`.
+pub async fn namespace(client: &Client, prefix: &str) -> anyhow::Result<String> {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let name = format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name, "labels": { "kontinuum.sh/e2e": "true" } }
+    }))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .with_context(|| format!("creating namespace {name}"))?;
+    Ok(name)
+}
+
+/// Applies CRDs (server-side) and waits until each is Established.
+pub async fn install_crds(
+    client: &Client,
+    crds: &[CustomResourceDefinition],
+) -> anyhow::Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for crd in crds {
+        let name = crd.name_any();
+        api.patch(&name, &params, &Patch::Apply(crd))
+            .await
+            .with_context(|| format!("applying CRD {name}"))?;
+    }
+    for crd in crds {
+        let name = crd.name_any();
+        within(
+            Duration::from_secs(30),
+            &format!("CRD {name} Established"),
+            await_condition(api.clone(), &name, conditions::is_crd_established()),
+        )
+        .await?
+        .with_context(|| format!("watching CRD {name}"))?;
+    }
+    Ok(())
+}
+
+/// Installs every Kontinuum CRD.
+pub async fn install_kontinuum_crds(
+    client: &Client,
+) -> anyhow::Result<Vec<CustomResourceDefinition>> {
+    let crds = kontinuum_crds::all_crds();
+    install_crds(client, &crds).await?;
+    Ok(crds)
+}
+
+/// The API of a Kontinuum object's kind in `namespace`, resolved from our CRDs (so plurals
+/// come from the same source as the cluster's).
+pub fn dynamic_api(
+    client: &Client,
+    namespace: &str,
+    obj: &DynamicObject,
+) -> anyhow::Result<Api<DynamicObject>> {
+    let types = obj
+        .types
+        .as_ref()
+        .context("object has no apiVersion/kind")?;
+    let (group, version) = types
+        .api_version
+        .split_once('/')
+        .unwrap_or(("", &types.api_version));
+    let gvk = GroupVersionKind::gvk(group, version, &types.kind);
+    let plural = kontinuum_crds::all_crds()
+        .into_iter()
+        .find(|crd| crd.spec.group == group && crd.spec.names.kind == types.kind)
+        .map(|crd| crd.spec.names.plural)
+        .with_context(|| format!("no Kontinuum CRD for {}", types.kind))?;
+    let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
+    Ok(Api::namespaced_with(client.clone(), namespace, &resource))
+}
+
+/// Runs `fut`, failing with a message naming `what` if it takes longer than `limit`.
+pub async fn within<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl Future<Output = T>,
+) -> anyhow::Result<T> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| anyhow::anyhow!("timed out after {limit:?} waiting for {what}"))
+}
+
+/// Polls `check` (an API read) until it returns `Ok(true)`. For states no watch condition
+/// expresses conveniently (e.g. "every one of these is gone"); each poll is a real read.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = Instant::now() + limit;
+    let mut last_err = None;
+    loop {
+        match check().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if Instant::now() > deadline {
+            match last_err {
+                Some(e) => {
+                    bail!("timed out after {limit:?} waiting for {what} (last error: {e:#})")
+                }
+                None => bail!("timed out after {limit:?} waiting for {what}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs the test bed's `kubectl` with the shared kubeconfig; returns stdout.
+pub fn kubectl(shared: &testbed::Shared, args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new(shared.tools.path("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&shared.kubeconfig_path)
+        .args(args)
+        .output()
+        .context("running kubectl")?;
+    if !out.status.success() {
+        bail!(
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

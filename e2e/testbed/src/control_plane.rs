@@ -1,0 +1,557 @@
+//! One real Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler and KWOK, as child processes bound to one address.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ServiceAccount};
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::pki::{CertificateAuthority, Pki};
+use crate::process::Component;
+use crate::{Error, Tools};
+
+/// The first address of the service CIDR: the `kubernetes` Service's ClusterIP.
+pub const FIRST_SERVICE_IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 96, 0, 1));
+const SERVICE_CIDR: &str = "10.96.0.0/16";
+const POD_CIDR: &str = "10.244.0.0/16";
+/// How long each start-up phase may take on a busy 2-core machine.
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+const POLL: Duration = Duration::from_millis(100);
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct ControlPlaneConfig {
+    /// Directory for certificates, logs, the kubeconfig and etcd's data. Logs are kept after
+    /// the control plane stops, so a failed test can be read afterwards.
+    pub dir: PathBuf,
+    /// Address every component binds to (e.g. `127.0.0.1`, or `127.10.0.3` for one of many).
+    pub address: IpAddr,
+    /// The API server's port; 0 picks a free one.
+    pub port: u16,
+    /// Fake (KWOK) nodes to create and wait for.
+    pub nodes: Vec<String>,
+    /// Extra DNS names for the API server's serving certificate.
+    pub extra_dns: Vec<String>,
+    /// CA to build the PKI around; a new one is generated when `None`.
+    pub ca: Option<CertificateAuthority>,
+}
+
+impl ControlPlaneConfig {
+    /// Loopback, a free port, one node named `kwok-node-0`, a fresh CA.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            address: IpAddr::from([127, 0, 0, 1]),
+            port: 0,
+            nodes: vec!["kwok-node-0".to_string()],
+            extra_dns: Vec::new(),
+            ca: None,
+        }
+    }
+}
+
+/// A running control plane. Dropping it kills every component; `stop` does it gracefully.
+pub struct ControlPlane {
+    dir: PathBuf,
+    server: String,
+    kubeconfig: PathBuf,
+    kubeconfig_yaml: String,
+    components: Vec<Component>,
+    client: Client,
+    started_in: Duration,
+}
+
+impl ControlPlane {
+    /// Starts every component, waits until the cluster really works (API ready, default
+    /// ServiceAccount and root CA ConfigMap published by the controller manager, nodes
+    /// Ready), and returns it.
+    pub async fn start(tools: &Tools, config: ControlPlaneConfig) -> Result<Self, Error> {
+        let started = Instant::now();
+        let dir = config.dir.clone();
+        for sub in ["pki", "logs"] {
+            create_dir(&dir.join(sub))?;
+        }
+        let etcd_data = dir.join("etcd");
+        // A leftover data dir from an earlier run would resurrect its objects.
+        if etcd_data.exists() {
+            std::fs::remove_dir_all(&etcd_data).map_err(|source| Error::Io {
+                what: "clearing etcd data".into(),
+                source,
+            })?;
+        }
+        let address = config.address;
+        let port = if config.port == 0 {
+            free_port(address)?
+        } else {
+            config.port
+        };
+        let pki = Pki::generate(config.ca.clone(), address, &config.extra_dns)?;
+        let files = PkiFiles::write(&dir.join("pki"), &pki)?;
+        let server = format!("https://{}", SocketAddr::new(address, port));
+        let kubeconfig_yaml = kubeconfig(&server, &pki);
+        let kubeconfig = dir.join("kubeconfig");
+        write(&kubeconfig, &kubeconfig_yaml)?;
+        let logs = dir.join("logs");
+
+        let mut components = Vec::new();
+        let etcd_client = free_port(address)?;
+        let etcd_peer = free_port(address)?;
+        components.push(Component::spawn(
+            "etcd",
+            &tools.path("etcd"),
+            &etcd_args(address, etcd_client, etcd_peer, &etcd_data),
+            &logs,
+        )?);
+        wait_for(&mut components, "etcd /health", || {
+            etcd_healthy(address, etcd_client)
+        })
+        .await?;
+
+        let etcd_url = format!("http://{}", SocketAddr::new(address, etcd_client));
+        components.push(Component::spawn(
+            "kube-apiserver",
+            &tools.path("kube-apiserver"),
+            &apiserver_args(address, port, &etcd_url, &files),
+            &logs,
+        )?);
+        let client = client_from(&kubeconfig_yaml).await?;
+        wait_for(&mut components, "kube-apiserver /readyz", || {
+            readyz(&client)
+        })
+        .await?;
+
+        spawn_controllers(tools, &dir, &kubeconfig, &files, address, &mut components)?;
+
+        for name in &config.nodes {
+            create_node(&client, name).await?;
+        }
+        wait_for(
+            &mut components,
+            "default ServiceAccount and kube-root-ca.crt",
+            || controller_manager_working(&client),
+        )
+        .await?;
+        wait_for(&mut components, "nodes Ready", || {
+            nodes_ready(&client, &config.nodes)
+        })
+        .await?;
+
+        let started_in = started.elapsed();
+        tracing::info!(server = %server, elapsed_ms = started_in.as_millis(), "control plane ready");
+        Ok(Self {
+            dir,
+            server,
+            kubeconfig,
+            kubeconfig_yaml,
+            components,
+            client,
+            started_in,
+        })
+    }
+
+    /// A client (admin, `system:masters`) bound to the runtime that started the control plane.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The admin kubeconfig, as written to `kubeconfig_path()`.
+    pub fn kubeconfig_yaml(&self) -> &str {
+        &self.kubeconfig_yaml
+    }
+
+    /// Path of the admin kubeconfig file.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// `https://<address>:<port>`.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The control plane's directory (certificates, logs, kubeconfig).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// How long `start` took until the cluster was usable.
+    pub fn started_in(&self) -> Duration {
+        self.started_in
+    }
+
+    /// Process ids of the components, by name (for measuring RSS).
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        self.components
+            .iter()
+            .filter_map(|c| c.pid().map(|pid| (c.name(), pid)))
+            .collect()
+    }
+
+    /// Fails if any component has exited.
+    pub fn check_alive(&mut self) -> Result<(), Error> {
+        self.components
+            .iter_mut()
+            .try_for_each(Component::check_alive)
+    }
+
+    /// Stops the components in reverse start order (KWOK first, etcd last) and removes
+    /// etcd's data; certificates and logs stay.
+    pub async fn stop(mut self) {
+        while let Some(mut component) = self.components.pop() {
+            component.stop().await;
+        }
+        let _ = std::fs::remove_dir_all(self.dir.join("etcd"));
+    }
+}
+
+/// Starts kube-controller-manager, kube-scheduler and KWOK against a ready API server.
+fn spawn_controllers(
+    tools: &Tools,
+    dir: &Path,
+    kubeconfig: &Path,
+    files: &PkiFiles,
+    address: IpAddr,
+    components: &mut Vec<Component>,
+) -> Result<(), Error> {
+    let logs = dir.join("logs");
+    let kcfg = path_str(kubeconfig);
+    components.push(Component::spawn(
+        "kube-controller-manager",
+        &tools.path("kube-controller-manager"),
+        &kcm_args(&kcfg, files),
+        &logs,
+    )?);
+    components.push(Component::spawn(
+        "kube-scheduler",
+        &tools.path("kube-scheduler"),
+        &[
+            format!("--kubeconfig={kcfg}"),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+        ],
+        &logs,
+    )?);
+    let stages = write_kwok_config(tools, dir)?;
+    components.push(Component::spawn(
+        "kwok",
+        &tools.path("kwok"),
+        &[
+            format!("--kubeconfig={kcfg}"),
+            format!("--config={}", path_str(&stages)),
+            "--manage-all-nodes=true".into(),
+            format!("--cidr={POD_CIDR}"),
+            format!("--node-ip={address}"),
+            "--node-lease-duration-seconds=40".into(),
+        ],
+        &logs,
+    )?);
+    Ok(())
+}
+
+/// Builds a client from a kubeconfig document in the current runtime.
+pub async fn client_from(kubeconfig_yaml: &str) -> Result<Client, Error> {
+    let kubeconfig = Kubeconfig::from_yaml(kubeconfig_yaml).map_err(Error::Kubeconfig)?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(Error::Kubeconfig)?;
+    Client::try_from(config).map_err(|source| Error::Kube {
+        what: "building a client".into(),
+        source,
+    })
+}
+
+struct PkiFiles {
+    ca: String,
+    apiserver_cert: String,
+    apiserver_key: String,
+    sa_key: String,
+    sa_pub: String,
+}
+
+impl PkiFiles {
+    fn write(dir: &Path, pki: &Pki) -> Result<Self, Error> {
+        let put = |name: &str, content: &str| -> Result<String, Error> {
+            let path = dir.join(name);
+            write(&path, content)?;
+            Ok(path_str(&path))
+        };
+        Ok(Self {
+            ca: put("ca.crt", &pki.ca.cert_pem)?,
+            apiserver_cert: put("apiserver.crt", &pki.apiserver.cert_pem)?,
+            apiserver_key: put("apiserver.key", &pki.apiserver.key_pem)?,
+            sa_key: put("sa.key", &pki.sa_key_pem)?,
+            sa_pub: put("sa.pub", &pki.sa_pub_pem)?,
+        })
+    }
+}
+
+fn etcd_args(address: IpAddr, client: u16, peer: u16, data: &Path) -> Vec<String> {
+    let client_url = format!("http://{}", SocketAddr::new(address, client));
+    let peer_url = format!("http://{}", SocketAddr::new(address, peer));
+    vec![
+        "--name=default".into(),
+        format!("--data-dir={}", path_str(data)),
+        format!("--listen-client-urls={client_url}"),
+        format!("--advertise-client-urls={client_url}"),
+        format!("--listen-peer-urls={peer_url}"),
+        format!("--initial-advertise-peer-urls={peer_url}"),
+        format!("--initial-cluster=default={peer_url}"),
+        "--unsafe-no-fsync=true".into(),
+        "--log-level=warn".into(),
+        // Nothing but this API server uses it; keep its disk footprint small.
+        "--quota-backend-bytes=1073741824".into(),
+        "--snapshot-count=10000".into(),
+    ]
+}
+
+fn apiserver_args(address: IpAddr, port: u16, etcd_url: &str, f: &PkiFiles) -> Vec<String> {
+    vec![
+        format!("--etcd-servers={etcd_url}"),
+        format!("--bind-address={address}"),
+        format!("--advertise-address={address}"),
+        format!("--secure-port={port}"),
+        format!("--tls-cert-file={}", f.apiserver_cert),
+        format!("--tls-private-key-file={}", f.apiserver_key),
+        format!("--client-ca-file={}", f.ca),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+        format!("--service-account-key-file={}", f.sa_pub),
+        format!("--service-account-signing-key-file={}", f.sa_key),
+        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        "--authorization-mode=Node,RBAC".into(),
+        "--allow-privileged=true".into(),
+        // A loopback advertise address cannot be put into the `kubernetes` Endpoints.
+        "--endpoint-reconciler-type=none".into(),
+        "--profiling=false".into(),
+        // Tests and benchmarks are the only clients: no server-side throttling.
+        "--max-requests-inflight=0".into(),
+        "--max-mutating-requests-inflight=0".into(),
+        "--enable-priority-and-fairness=false".into(),
+        "--v=1".into(),
+    ]
+}
+
+fn kcm_args(kubeconfig: &str, f: &PkiFiles) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={kubeconfig}"),
+        "--leader-elect=false".into(),
+        "--controllers=*".into(),
+        // Each controller acts as its own ServiceAccount, as in a real cluster.
+        "--use-service-account-credentials=true".into(),
+        format!("--service-account-private-key-file={}", f.sa_key),
+        format!("--root-ca-file={}", f.ca),
+        "--secure-port=0".into(),
+        "--node-monitor-period=5s".into(),
+        "--node-monitor-grace-period=40s".into(),
+        "--concurrent-gc-syncs=5".into(),
+        "--v=1".into(),
+    ]
+}
+
+fn write_kwok_config(tools: &Tools, dir: &Path) -> Result<PathBuf, Error> {
+    let mut config = String::new();
+    for stage in tools.kwok_stages()? {
+        let text = std::fs::read_to_string(&stage).map_err(|source| Error::Io {
+            what: format!("reading {}", stage.display()),
+            source,
+        })?;
+        config.push_str("---\n");
+        config.push_str(&text);
+        config.push('\n');
+    }
+    let path = dir.join("kwok.yaml");
+    write(&path, &config)?;
+    Ok(path)
+}
+
+fn kubeconfig(server: &str, pki: &Pki) -> String {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: testbed
+  cluster:
+    server: {server}
+    certificate-authority-data: {ca}
+users:
+- name: admin
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+contexts:
+- name: testbed
+  context:
+    cluster: testbed
+    user: admin
+current-context: testbed
+",
+        ca = b64(&pki.ca.cert_pem),
+        cert = b64(&pki.admin.cert_pem),
+        key = b64(&pki.admin.key_pem),
+    )
+}
+
+/// Polls `check` until it returns `Ok(true)`, failing fast when a component exits.
+async fn wait_for<F, Fut>(
+    components: &mut [Component],
+    what: &str,
+    mut check: F,
+) -> Result<(), Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        for c in components.iter_mut() {
+            c.check_alive()?;
+        }
+        if tokio::time::timeout(Duration::from_secs(5), check())
+            .await
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: what.to_string(),
+                after: START_TIMEOUT,
+            });
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+async fn etcd_healthy(address: IpAddr, port: u16) -> bool {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(SocketAddr::new(address, port)).await
+    else {
+        return false;
+    };
+    let request = format!("GET /health HTTP/1.0\r\nHost: {address}\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut response = String::new();
+    if stream.read_to_string(&mut response).await.is_err() {
+        return false;
+    }
+    response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
+}
+
+async fn readyz(client: &Client) -> bool {
+    let Ok(request) = http::Request::get("/readyz").body(Vec::new()) else {
+        return false;
+    };
+    client
+        .request_text(request)
+        .await
+        .is_ok_and(|body| body.trim() == "ok")
+}
+
+async fn controller_manager_working(client: &Client) -> bool {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for ns in ["default", "kube-system"] {
+        if namespaces.get_opt(ns).await.ok().flatten().is_none() {
+            return false;
+        }
+    }
+    let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+    let cm: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    sa.get_opt("default").await.ok().flatten().is_some()
+        && cm
+            .get_opt("kube-root-ca.crt")
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+}
+
+async fn create_node(client: &Client, name: &str) -> Result<(), Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": { "kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0" },
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+            }
+        }
+    }))
+    .map_err(|e| Error::Tools(format!("building node {name}: {e}")))?;
+    match nodes.create(&PostParams::default(), &node).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(source) => Err(Error::Kube {
+            what: format!("creating node {name}"),
+            source,
+        }),
+    }
+}
+
+async fn nodes_ready(client: &Client, names: &[String]) -> bool {
+    let nodes: Api<Node> = Api::all(client.clone());
+    for name in names {
+        let Ok(node) = nodes.get(name).await else {
+            return false;
+        };
+        if !crate::node_is_ready(&node) {
+            return false;
+        }
+    }
+    true
+}
+
+/// A port that is free on `address` right now.
+pub fn free_port(address: IpAddr) -> Result<u16, Error> {
+    let listener =
+        std::net::TcpListener::bind(SocketAddr::new(address, 0)).map_err(|source| Error::Io {
+            what: format!("binding {address}:0"),
+            source,
+        })?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|source| Error::Io {
+            what: "reading a free port".into(),
+            source,
+        })
+}
+
+fn create_dir(path: &Path) -> Result<(), Error> {
+    std::fs::create_dir_all(path).map_err(|source| Error::Io {
+        what: format!("creating {}", path.display()),
+        source,
+    })
+}
+
+/// Writes a file readable by its owner only: most of what we write holds a private key.
+fn write(path: &Path, content: &str) -> Result<(), Error> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(content.as_bytes()))
+        .map_err(|source| Error::Io {
+            what: format!("writing {}", path.display()),
+            source,
+        })
+}
+
+fn path_str(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
