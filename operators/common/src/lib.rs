@@ -1,0 +1,31 @@
+//! The runtime every Kontinuum operator shares, written once (STYLE.md section 3.6):
+//!
+//! * [`args`]: the command-line arguments and `KONTINUUM_*` variables all operators take;
+//! * [`telemetry`]: structured logs (JSON or plain);
+//! * [`admin`]: `/healthz`, `/readyz` and `/metrics` on `--admin-addr`;
+//! * [`metrics`]: the per-controller reconcile metrics, OpenMetrics encoded;
+//! * [`leader`]: leader election on a coordination Lease; losing it stops the process;
+//! * [`shutdown`]: one SIGTERM/SIGINT signal shared by controllers, admin server and lease;
+//! * [`status`]: server-side apply of `/status`, skipped when nothing but timestamps changed;
+//! * [`events`]: Kubernetes Events for transitions a human should notice;
+//! * [`error`]: the stable `reason()` and transient/permanent class of reconcile errors;
+//! * [`backoff`]: per-object exponential backoff for failed reconciles.
+#![warn(missing_docs)]
+
+pub mod admin;
+pub mod args;
+pub mod backoff;
+pub mod error;
+pub mod events;
+pub mod leader;
+pub mod metrics;
+pub mod shutdown;
+pub mod status;
+pub mod telemetry;
+
+/// Installs ring as the process's rustls crypto provider. Call it first in every `main`,
+/// before any client is built. Idempotent.
+pub fn install_crypto_provider() {
+    // Err means a provider is already installed, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
