@@ -221,10 +221,12 @@ vocabulary! {
     /// Condition types of an [`InstancePool`](crate::v1alpha2::InstancePool). Owner:
     /// pool-claimer.
     pub enum InstancePoolCondition {
-        /// `spec.replicas` Instances are claimed. Positive-polarity replacement of the
-        /// predecessor's `InsufficientCapacity` type (`Claimed=False` ⇔
-        /// `InsufficientCapacity=True`).
+        /// `spec.replicas` Instances are claimed.
         Claimed,
+        /// Fewer matching, `Discovered`, unclaimed Instances exist than `spec.replicas` needs:
+        /// the exact inverse of `Claimed`. Kept under the predecessor's name (negative
+        /// polarity, True is bad) because tools and runbooks alert on it.
+        InsufficientCapacity,
         /// Summary: `Claimed` is True and the pool is not being deleted.
         Ready,
         /// True while claimed Instances are being released before the pool goes away.
@@ -253,6 +255,8 @@ vocabulary! {
         /// `Claimed=False`: writing the claim label failed for a reason other than losing
         /// the race to another pool.
         ClaimFailed,
+        /// `Ready=False`: `spec.selector` cannot be evaluated (e.g. an unknown operator).
+        InvalidSelector,
         /// `Deleting=True`: releasing a claimed Instance failed; retried.
         ReleaseFailed,
         /// `Deleting=True`, `Ready=False`: the pool is releasing its Instances.

@@ -177,3 +177,96 @@ pub fn kubectl(shared: &testbed::Shared, args: &[&str]) -> anyhow::Result<String
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+/// An operator binary running as a host process, killed when dropped. Its logs go to
+/// `<dir>/<name>.log`.
+pub struct Operator {
+    child: tokio::process::Child,
+    /// The admin server's address (`/healthz`, `/readyz`, `/metrics`).
+    pub admin: std::net::SocketAddr,
+    /// The log file.
+    pub log: PathBuf,
+}
+
+impl Operator {
+    /// Starts `bin` with `args` plus `--kubeconfig`, `--admin-addr` (a free loopback port)
+    /// and plain-text info logs, and waits until its `/readyz` answers 200.
+    pub async fn start(
+        bin: &Path,
+        name: &str,
+        kubeconfig: &Path,
+        args: &[&str],
+    ) -> anyhow::Result<Self> {
+        let port = testbed::free_port(std::net::IpAddr::from([127, 0, 0, 1]))?;
+        let admin = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let dir = testbed::base_dir().join("operators");
+        std::fs::create_dir_all(&dir)?;
+        let log = dir.join(format!("{name}-{}-{port}.log", std::process::id()));
+        let file = std::fs::File::create(&log)?;
+        let child = tokio::process::Command::new(bin)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--admin-addr")
+            .arg(admin.to_string())
+            .args(["--log-format", "text", "--log-level", "info"])
+            .args(args)
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut operator = Self { child, admin, log };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while http_get(admin, "/readyz").await.map(|(code, _)| code) != Some(200) {
+            if let Some(status) = operator.child.try_wait()? {
+                bail!(
+                    "{name} exited ({status}); log: {}",
+                    std::fs::read_to_string(&operator.log)?
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{name} did not become ready; log: {}",
+                    operator.log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(operator)
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Kills the process (SIGKILL, as a crash would) and waits for it.
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        self.child.kill().await?;
+        Ok(())
+    }
+
+    /// Fetches `/metrics`.
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        http_get(self.admin, "/metrics")
+            .await
+            .map(|(_, body)| body)
+            .context("fetching /metrics")
+    }
+}
+
+/// A plain HTTP/1.0 GET on loopback: `(status code, body)`, or `None` if nothing answers.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let code = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((code, body))
+}

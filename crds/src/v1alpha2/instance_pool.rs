@@ -70,7 +70,7 @@ pub struct InstancePoolTemplate {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InstancePoolStatus {
-    /// Conditions: `Claimed`, `Ready`, `Deleting`.
+    /// Conditions: `Claimed`, `InsufficientCapacity`, `Ready`, `Deleting`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

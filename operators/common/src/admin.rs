@@ -4,13 +4,15 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use futures::{Stream, StreamExt as _};
+use kube::runtime::watcher;
 use prometheus_client::registry::Registry;
 
 use crate::metrics::{OPENMETRICS_CONTENT_TYPE, encode};
@@ -25,6 +27,8 @@ pub struct Readiness {
 #[derive(Debug)]
 struct Inner {
     synced: AtomicBool,
+    expected_watches: AtomicUsize,
+    synced_watches: AtomicUsize,
     leader_required: bool,
     leader: AtomicBool,
 }
@@ -36,15 +40,26 @@ impl Readiness {
         Self {
             inner: Arc::new(Inner {
                 synced: AtomicBool::new(false),
+                expected_watches: AtomicUsize::new(0),
+                synced_watches: AtomicUsize::new(0),
                 leader_required,
                 leader: AtomicBool::new(false),
             }),
         }
     }
 
-    /// Every watch has delivered its initial list.
+    /// Every watch has delivered its initial list (for binaries that track it themselves;
+    /// controllers use [`track_sync`] on each watch instead).
     pub fn set_synced(&self) {
         self.inner.synced.store(true, Ordering::Release);
+    }
+
+    fn synced(&self) -> bool {
+        if self.inner.synced.load(Ordering::Acquire) {
+            return true;
+        }
+        let expected = self.inner.expected_watches.load(Ordering::Acquire);
+        expected > 0 && self.inner.synced_watches.load(Ordering::Acquire) >= expected
     }
 
     /// Whether this replica holds the leader lease.
@@ -54,7 +69,7 @@ impl Readiness {
 
     /// `Ok` when ready, else what is missing.
     pub fn check(&self) -> Result<(), &'static str> {
-        if !self.inner.synced.load(Ordering::Acquire) {
+        if !self.synced() {
             return Err("watches have not synced yet");
         }
         if self.inner.leader_required && !self.inner.leader.load(Ordering::Acquire) {
@@ -62,6 +77,33 @@ impl Readiness {
         }
         Ok(())
     }
+}
+
+/// Counts `stream` (a watcher's event stream) among the watches `/readyz` waits for: the
+/// process is ready once every tracked watch has delivered its initial list (`InitDone`).
+///
+/// Why not `Store::wait_until_ready`: in kube-runtime 5.0 a second task waiting on the same
+/// store (the Controller already waits on its own) can lose its wake-up, so readiness would
+/// hang. Observing the stream itself has no such race.
+pub fn track_sync<S, K>(stream: S, readiness: &Readiness) -> impl Stream<Item = S::Item> + use<S, K>
+where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    readiness
+        .inner
+        .expected_watches
+        .fetch_add(1, Ordering::AcqRel);
+    let readiness = readiness.clone();
+    let mut seen = false;
+    stream.inspect(move |event| {
+        if !seen && matches!(event, Ok(watcher::Event::InitDone)) {
+            seen = true;
+            readiness
+                .inner
+                .synced_watches
+                .fetch_add(1, Ordering::AcqRel);
+        }
+    })
 }
 
 #[derive(Clone)]
@@ -158,6 +200,28 @@ mod tests {
             get(&router, "/readyz").await.0,
             StatusCode::SERVICE_UNAVAILABLE
         );
+    }
+
+    #[tokio::test]
+    async fn readyz_waits_for_every_tracked_watch() {
+        use futures::stream;
+        use k8s_openapi::api::core::v1::ConfigMap;
+
+        let readiness = Readiness::new(false);
+        let events = || {
+            stream::iter(vec![
+                Ok(watcher::Event::<ConfigMap>::Init),
+                Ok(watcher::Event::InitDone),
+                Ok(watcher::Event::InitDone), // a re-list counts once
+            ])
+        };
+        let a = track_sync(events(), &readiness);
+        let b = track_sync(events(), &readiness);
+        assert!(readiness.check().is_err());
+        a.collect::<Vec<_>>().await;
+        assert!(readiness.check().is_err(), "one of two watches synced");
+        b.collect::<Vec<_>>().await;
+        assert!(readiness.check().is_ok());
     }
 
     #[tokio::test]

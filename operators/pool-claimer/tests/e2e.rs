@@ -1,0 +1,278 @@
+//! pool-claimer as a host process against the real test bed. The test marks Instances
+//! `Discovered` itself, where instance-discovery would: the two coordinate only through
+//! that condition, so this is the same contract.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::large_futures
+)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kontinuum_crds::conditions::{self, ConditionStatus};
+use kontinuum_crds::labels::CLAIMED_BY;
+use kontinuum_crds::v1alpha2::{Instance, InstancePool, InstanceStatus};
+use kontinuum_e2e::{Operator, eventually, install_kontinuum_crds, namespace, shared_client};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt as _};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+async fn start_operator(kubeconfig: &Path, ns: &str) -> Operator {
+    Operator::start(
+        Path::new(env!("CARGO_BIN_EXE_pool-claimer")),
+        "pool-claimer",
+        kubeconfig,
+        &["--namespace", ns],
+    )
+    .await
+    .unwrap()
+}
+
+/// Creates Instances `prefix-00..` in zone `zone`, marked Discovered (or not).
+async fn instances(
+    client: &Client,
+    ns: &str,
+    prefix: &str,
+    zone: &str,
+    n: usize,
+    discovered: bool,
+) {
+    let api: Api<Instance> = Api::namespaced(client.clone(), ns);
+    for i in 0..n {
+        let name = format!("{prefix}-{i:02}");
+        let instance: Instance = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kontinuum.sh/v1alpha2", "kind": "Instance",
+            "metadata": { "name": name, "labels": { "kontinuum.sh/region": "eu", "kontinuum.sh/zone": zone } },
+            "spec": { "interfaces": [format!("192.0.2.{}", i + 1)] }
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &instance).await.unwrap();
+        if discovered {
+            let mut status = InstanceStatus::default();
+            conditions::set(
+                &mut status.conditions,
+                conditions::new(
+                    "Discovered",
+                    ConditionStatus::True,
+                    "Discovered",
+                    "discovered by the test",
+                    Some(1),
+                ),
+                &Time(Timestamp::now()),
+            );
+            let patch = serde_json::json!({ "status": status });
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    }
+}
+
+async fn pool(client: &Client, ns: &str, name: &str, zone: &str, replicas: i32) {
+    let pool: InstancePool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "kontinuum.sh/v1alpha2", "kind": "InstancePool",
+        "metadata": { "name": name },
+        "spec": { "replicas": replicas, "selector": { "matchLabels": { "kontinuum.sh/region": "eu", "kontinuum.sh/zone": zone } } }
+    }))
+    .unwrap();
+    Api::<InstancePool>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+}
+
+async fn scale(client: &Client, ns: &str, name: &str, replicas: i32) {
+    let patch = serde_json::json!({ "spec": { "replicas": replicas } });
+    Api::<InstancePool>::namespaced(client.clone(), ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// Claims by pool, from the labels.
+async fn claims(client: &Client, ns: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for i in Api::<Instance>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+    {
+        if let Some(pool) = i.labels().get(CLAIMED_BY) {
+            out.entry(pool.clone()).or_default().push(i.name_any());
+        }
+    }
+    out
+}
+
+async fn condition(
+    client: &Client,
+    ns: &str,
+    pool: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
+    let pool = Api::<InstancePool>::namespaced(client.clone(), ns)
+        .get(pool)
+        .await
+        .ok()?;
+    let status = pool.status?;
+    let c = conditions::get(&status.conditions, type_)?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test]
+async fn a_pool_claims_scales_and_releases_everything_on_deletion() {
+    let (client, shared) = shared_client().await.unwrap();
+    install_kontinuum_crds(&client).await.unwrap();
+    let ns = namespace(&client, "pool").await.unwrap();
+    instances(&client, &ns, "n", "west-1a", 3, true).await;
+    instances(&client, &ns, "undiscovered", "west-1a", 2, false).await;
+    let _operator = start_operator(&shared.kubeconfig_path, &ns).await;
+
+    pool(&client, &ns, "eu-west-1a", "west-1a", 2).await;
+    eventually(LIMIT, "2 claimed and Ready", || async {
+        let claimed = claims(&client, &ns)
+            .await
+            .get("eu-west-1a")
+            .map_or(0, Vec::len);
+        let ready = condition(&client, &ns, "eu-west-1a", "Ready").await;
+        Ok(claimed == 2 && ready.is_some_and(|c| c.0 == "True"))
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        claims(&client, &ns).await["eu-west-1a"],
+        ["n-00", "n-01"],
+        "lowest names first"
+    );
+
+    scale(&client, &ns, "eu-west-1a", 5).await;
+    eventually(LIMIT, "InsufficientCapacity naming the counts", || async {
+        Ok(
+            condition(&client, &ns, "eu-west-1a", "InsufficientCapacity")
+                .await
+                .is_some_and(|(s, r, m)| {
+                    s == "True" && r == "InsufficientCapacity" && m.contains("3/5")
+                }),
+        )
+    })
+    .await
+    .unwrap();
+    let claimed = claims(&client, &ns).await;
+    assert_eq!(
+        claimed["eu-west-1a"],
+        ["n-00", "n-01", "n-02"],
+        "undiscovered Instances are never claimed"
+    );
+    let ready = condition(&client, &ns, "eu-west-1a", "Ready")
+        .await
+        .unwrap();
+    assert_eq!(
+        (ready.0.as_str(), ready.1.as_str()),
+        ("False", "InsufficientCapacity")
+    );
+
+    scale(&client, &ns, "eu-west-1a", 1).await;
+    eventually(LIMIT, "scaled down to one", || async {
+        Ok(claims(&client, &ns)
+            .await
+            .get("eu-west-1a")
+            .is_some_and(|c| c == &["n-00"])
+            && condition(&client, &ns, "eu-west-1a", "Ready")
+                .await
+                .is_some_and(|c| c.0 == "True"))
+    })
+    .await
+    .unwrap();
+    let pools: Api<InstancePool> = Api::namespaced(client.clone(), &ns);
+    let status = pools.get("eu-west-1a").await.unwrap().status.unwrap();
+    assert_eq!(
+        (status.claimed_replicas, status.ready_replicas),
+        (Some(1), Some(1))
+    );
+
+    pools
+        .delete("eu-west-1a", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(LIMIT, "everything released and the pool gone", || async {
+        Ok(claims(&client, &ns).await.is_empty() && pools.get_opt("eu-west-1a").await?.is_none())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn racing_pools_never_claim_an_instance_twice() {
+    let (client, shared) = shared_client().await.unwrap();
+    install_kontinuum_crds(&client).await.unwrap();
+    let ns = namespace(&client, "race").await.unwrap();
+    instances(&client, &ns, "m", "west-1b", 10, true).await;
+    let _operator = start_operator(&shared.kubeconfig_path, &ns).await;
+    let pools: Api<InstancePool> = Api::namespaced(client.clone(), &ns);
+
+    for round in 0..20 {
+        let (a, b) = (format!("a-{round}"), format!("b-{round}"));
+        tokio::join!(
+            pool(&client, &ns, &a, "west-1b", 6),
+            pool(&client, &ns, &b, "west-1b", 6)
+        );
+        eventually(
+            LIMIT,
+            "all 10 claimed and both statuses agreeing with the labels",
+            || async {
+                let claimed = claims(&client, &ns).await;
+                let count = |p: &str| claimed.get(p).map_or(0, Vec::len);
+                let total: usize = claimed.values().map(Vec::len).sum();
+                let status = |p: String| {
+                    let pools = pools.clone();
+                    async move {
+                        pools
+                            .get(&p)
+                            .await
+                            .ok()
+                            .and_then(|p| p.status)
+                            .and_then(|s| s.claimed_replicas)
+                    }
+                };
+                let (sa, sb) = (status(a.clone()).await, status(b.clone()).await);
+                Ok(total == 10
+                    && count(&a) + count(&b) == 10
+                    && sa == i32::try_from(count(&a)).ok()
+                    && sb == i32::try_from(count(&b)).ok())
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("round {round}: {e:#}"));
+        // Labels are a map: an Instance can hold one claim only, so 10 claims in total over
+        // 10 Instances with 6 + 6 wanted means no Instance was handed out twice.
+        for p in [&a, &b] {
+            let c = condition(&client, &ns, p, "InsufficientCapacity")
+                .await
+                .unwrap();
+            let claimed = claims(&client, &ns)
+                .await
+                .get(p.as_str())
+                .map_or(0, Vec::len);
+            assert_eq!(
+                c.0 == "True",
+                claimed < 6,
+                "round {round}: {p} says {c:?} with {claimed} claimed"
+            );
+        }
+        pools.delete(&a, &DeleteParams::default()).await.unwrap();
+        pools.delete(&b, &DeleteParams::default()).await.unwrap();
+        eventually(LIMIT, "both pools released everything", || async {
+            Ok(claims(&client, &ns).await.is_empty()
+                && pools.get_opt(&a).await?.is_none()
+                && pools.get_opt(&b).await?.is_none())
+        })
+        .await
+        .unwrap();
+    }
+}
