@@ -197,6 +197,18 @@ impl Operator {
         kubeconfig: &Path,
         args: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_until(bin, name, kubeconfig, args, "/readyz").await
+    }
+
+    /// Like [`Operator::start`], but waits only until `path` (e.g. `/healthz`, for a replica
+    /// that is not the leader and so never ready) answers 200.
+    pub async fn start_until(
+        bin: &Path,
+        name: &str,
+        kubeconfig: &Path,
+        args: &[&str],
+        path: &str,
+    ) -> anyhow::Result<Self> {
         let port = testbed::free_port(std::net::IpAddr::from([127, 0, 0, 1]))?;
         let admin = std::net::SocketAddr::from(([127, 0, 0, 1], port));
         let dir = testbed::base_dir().join("operators");
@@ -217,7 +229,7 @@ impl Operator {
             .with_context(|| format!("starting {}", bin.display()))?;
         let mut operator = Self { child, admin, log };
         let deadline = Instant::now() + Duration::from_secs(60);
-        while http_get(admin, "/readyz").await.map(|(code, _)| code) != Some(200) {
+        while http_get(admin, path).await.map(|(code, _)| code) != Some(200) {
             if let Some(status) = operator.child.try_wait()? {
                 bail!(
                     "{name} exited ({status}); log: {}",
@@ -238,6 +250,13 @@ impl Operator {
     /// The process id.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
+    }
+
+    /// Whether `/readyz` answers 200 now.
+    pub async fn is_ready(&self) -> bool {
+        http_get(self.admin, "/readyz")
+            .await
+            .is_some_and(|(code, _)| code == 200)
     }
 
     /// Kills the process (SIGKILL, as a crash would) and waits for it.
@@ -269,4 +288,104 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, St
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     Some((code, body))
+}
+
+/// Creates ServiceAccount `name` in `namespace`, binds it to ClusterRole `cluster_role`,
+/// and writes a kubeconfig that authenticates as it (a TokenRequest token), so that an
+/// operator under test runs with its own identity and permissions, not the admin's.
+pub async fn service_account_kubeconfig(
+    client: &Client,
+    shared: &testbed::Shared,
+    namespace: &str,
+    name: &str,
+    cluster_role: &str,
+) -> anyhow::Result<PathBuf> {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+
+    let sa: ServiceAccount =
+        serde_json::from_value(serde_json::json!({ "metadata": { "name": name } }))?;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    sas.create(&PostParams::default(), &sa)
+        .await
+        .context("creating the ServiceAccount")?;
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": format!("{namespace}-{name}") },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role },
+        "subjects": [{ "kind": "ServiceAccount", "name": name, "namespace": namespace }]
+    }))?;
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .context("binding the ServiceAccount")?;
+    let request: TokenRequest = serde_json::from_value(serde_json::json!({
+        "spec": { "audiences": [], "expirationSeconds": 3600 }
+    }))?;
+    let token = sas
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .context("requesting a token")?
+        .status
+        .context("token request without status")?
+        .token
+        .context("token request without a token")?;
+    let mut kubeconfig = kube::config::Kubeconfig::from_yaml(&shared.kubeconfig_yaml)?;
+    for auth in &mut kubeconfig.auth_infos {
+        auth.auth_info = Some(kube::config::AuthInfo {
+            token: Some(token.clone().into()),
+            ..kube::config::AuthInfo::default()
+        });
+    }
+    let path = shared.dir.join(format!("kubeconfig-{namespace}-{name}"));
+    std::fs::write(&path, serde_json::to_string(&kubeconfig)?)?;
+    Ok(path)
+}
+
+/// The user name of a ServiceAccount, as the API server (and its audit log) knows it.
+pub fn service_account_user(namespace: &str, name: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{name}")
+}
+
+/// One write request from the API server's audit log.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEvent {
+    /// The verb (create, update, patch, delete, ...).
+    pub verb: String,
+    /// The request URI.
+    pub request_u_r_i: String,
+    /// Who made it.
+    pub user: AuditUser,
+    /// When the API server received it (RFC 3339).
+    pub request_received_timestamp: String,
+    /// The response code.
+    #[serde(default)]
+    pub response_status: Option<AuditStatus>,
+}
+
+/// The user of an audit event.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct AuditUser {
+    /// User name.
+    pub username: String,
+}
+
+/// The response of an audit event.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct AuditStatus {
+    /// HTTP status code.
+    #[serde(default)]
+    pub code: Option<u16>,
+}
+
+/// The write requests `user` made, as recorded in the audit log at `path`.
+pub fn audit_writes(path: &Path, user: &str) -> anyhow::Result<Vec<AuditEvent>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<AuditEvent>(line).ok())
+        .filter(|e| e.user.username == user)
+        .collect())
 }

@@ -24,6 +24,20 @@ const POD_CIDR: &str = "10.244.0.0/16";
 const START_TIMEOUT: Duration = Duration::from_secs(90);
 const POLL: Duration = Duration::from_millis(100);
 
+/// Where the API server's audit log goes, relative to the control plane's directory.
+pub const AUDIT_LOG: &str = "logs/audit.log";
+
+/// Audit every write (at Metadata level: who, what, when; never bodies, which may hold
+/// secrets) and nothing else, so tests can count the writes a component makes.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  verbs: [create, update, patch, delete, deletecollection]
+- level: None
+";
+
 /// What to start.
 #[derive(Clone, Debug)]
 pub struct ControlPlaneConfig {
@@ -93,6 +107,8 @@ impl ControlPlane {
         };
         let pki = Pki::generate(config.ca.clone(), address, &config.extra_dns)?;
         let files = PkiFiles::write(&dir.join("pki"), &pki)?;
+        let audit_policy = dir.join("audit-policy.yaml");
+        write(&audit_policy, AUDIT_POLICY)?;
         let server = format!("https://{}", SocketAddr::new(address, port));
         let kubeconfig_yaml = kubeconfig(&server, &pki);
         let kubeconfig = dir.join("kubeconfig");
@@ -117,7 +133,16 @@ impl ControlPlane {
         components.push(Component::spawn(
             "kube-apiserver",
             &tools.path("kube-apiserver"),
-            &apiserver_args(address, port, &etcd_url, &files),
+            &[
+                apiserver_args(address, port, &etcd_url, &files),
+                vec![
+                    format!("--audit-policy-file={}", path_str(&audit_policy)),
+                    format!("--audit-log-path={}", path_str(&dir.join(AUDIT_LOG))),
+                    "--audit-log-format=json".into(),
+                    "--audit-log-mode=blocking".into(),
+                ],
+            ]
+            .concat(),
             &logs,
         )?);
         let client = client_from(&kubeconfig_yaml).await?;
@@ -178,6 +203,11 @@ impl ControlPlane {
     /// The control plane's directory (certificates, logs, kubeconfig).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The API server's audit log: one JSON event per write request.
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join(AUDIT_LOG)
     }
 
     /// How long `start` took until the cluster was usable.

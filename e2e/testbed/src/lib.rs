@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 
 pub use control_plane::{
-    ControlPlane, ControlPlaneConfig, FIRST_SERVICE_IP, client_from, free_port,
+    AUDIT_LOG, ControlPlane, ControlPlaneConfig, FIRST_SERVICE_IP, client_from, free_port,
 };
 pub use pki::{CertPair, CertificateAuthority, Pki};
 pub use tools::{BIN_ENV, BUILD_SCRIPT, Tools};
@@ -151,6 +151,11 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The API server's audit log: one JSON event per write request.
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join(AUDIT_LOG)
+    }
+
     /// A client for the calling test's runtime.
     pub async fn client(&self) -> Result<Client, Error> {
         client_from(&self.kubeconfig_yaml).await

@@ -5,7 +5,8 @@
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
-    clippy::large_futures
+    clippy::large_futures,
+    clippy::too_many_lines
 )]
 
 use std::collections::BTreeMap;
@@ -275,4 +276,195 @@ async fn racing_pools_never_claim_an_instance_twice() {
         .await
         .unwrap();
     }
+}
+
+/// What the chart will grant pool-claimer (the chart does not exist yet; this is its RBAC,
+/// so the operator runs with least privilege rather than as admin).
+const CLUSTER_ROLE: &str = "kontinuum-pool-claimer-e2e";
+
+async fn cluster_role(client: &Client) {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let role: ClusterRole = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": CLUSTER_ROLE },
+        "rules": [
+            { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools"], "verbs": ["get", "list", "watch", "update", "patch"] },
+            { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools/status"], "verbs": ["get", "patch", "update"] },
+            { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools/finalizers"], "verbs": ["update"] },
+            { "apiGroups": ["kontinuum.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch", "patch"] },
+            { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
+            { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update", "patch"] }
+        ]
+    }))
+    .unwrap();
+    let api: Api<ClusterRole> = Api::all(client.clone());
+    api.patch(
+        CLUSTER_ROLE,
+        &PatchParams::apply("kontinuum-e2e").force(),
+        &Patch::Apply(&role),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn an_idle_operator_makes_no_writes() {
+    use kontinuum_e2e::{audit_writes, service_account_kubeconfig, service_account_user};
+
+    let (client, shared) = shared_client().await.unwrap();
+    install_kontinuum_crds(&client).await.unwrap();
+    cluster_role(&client).await;
+    let ns = namespace(&client, "idle").await.unwrap();
+    instances(&client, &ns, "i", "west-1c", 3, true).await;
+    let kubeconfig = service_account_kubeconfig(&client, shared, &ns, "pool-claimer", CLUSTER_ROLE)
+        .await
+        .unwrap();
+    let user = service_account_user(&ns, "pool-claimer");
+    let _operator = start_operator(&kubeconfig, &ns).await;
+    pool(&client, &ns, "eu-west-1c", "west-1c", 2).await;
+    eventually(LIMIT, "2 claimed and Ready", || async {
+        Ok(condition(&client, &ns, "eu-west-1c", "Ready")
+            .await
+            .is_some_and(|c| c.0 == "True")
+            && claims(&client, &ns)
+                .await
+                .get("eu-west-1c")
+                .map_or(0, Vec::len)
+                == 2)
+    })
+    .await
+    .unwrap();
+    // Let the reconcile triggered by its own last write finish, then measure a quiet minute.
+    let settled = audit_writes(&shared.audit_log(), &user).unwrap().len();
+    assert!(
+        settled >= 3,
+        "the operator wrote as its own ServiceAccount ({settled} writes)"
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await; // the measurement window itself
+    let after = audit_writes(&shared.audit_log(), &user).unwrap();
+    eprintln!(
+        "pool-claimer: {settled} writes to claim 2 of 3; {} while idle for 60 s",
+        after.len() - settled
+    );
+    assert_eq!(
+        after.len(),
+        settled,
+        "writes while idle: {:#?}",
+        &after[settled..]
+            .iter()
+            .map(|e| (&e.verb, &e.request_u_r_i))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_writes_and_the_other_replica_takes_over() {
+    use kontinuum_e2e::{audit_writes, service_account_kubeconfig, service_account_user};
+
+    let (client, shared) = shared_client().await.unwrap();
+    install_kontinuum_crds(&client).await.unwrap();
+    cluster_role(&client).await;
+    let ns = namespace(&client, "leader").await.unwrap();
+    instances(&client, &ns, "l", "west-1d", 6, true).await;
+    let bin = Path::new(env!("CARGO_BIN_EXE_pool-claimer"));
+    let mut replicas = Vec::new();
+    for id in ["a", "b"] {
+        let name = format!("pool-claimer-{id}");
+        let kubeconfig = service_account_kubeconfig(&client, shared, &ns, &name, CLUSTER_ROLE)
+            .await
+            .unwrap();
+        let args = [
+            "--namespace",
+            &ns,
+            "--leader-elect",
+            "--lease-namespace",
+            &ns,
+            "--lease-duration-seconds",
+            "6",
+            "--identity",
+            &name,
+        ];
+        // The first replica becomes the leader (ready); the second stays a follower.
+        let path = if id == "a" { "/readyz" } else { "/healthz" };
+        replicas.push((
+            Operator::start_until(bin, &name, &kubeconfig, &args, path)
+                .await
+                .unwrap(),
+            service_account_user(&ns, &name),
+        ));
+    }
+    let (mut leader, leader_user) = replicas.remove(0);
+    let (follower, follower_user) = replicas.remove(0);
+    assert!(!follower.is_ready().await, "the follower is not ready");
+
+    pool(&client, &ns, "eu-west-1d", "west-1d", 2).await;
+    eventually(LIMIT, "2 claimed", || async {
+        Ok(claims(&client, &ns)
+            .await
+            .get("eu-west-1d")
+            .map_or(0, Vec::len)
+            == 2
+            && condition(&client, &ns, "eu-west-1d", "Ready")
+                .await
+                .is_some_and(|c| c.0 == "True"))
+    })
+    .await
+    .unwrap();
+    let not_lease = |e: &&kontinuum_e2e::AuditEvent| !e.request_u_r_i.contains("/leases");
+    let log = shared.audit_log();
+    assert!(
+        audit_writes(&log, &leader_user)
+            .unwrap()
+            .iter()
+            .filter(not_lease)
+            .count()
+            >= 3
+    );
+    assert_eq!(
+        audit_writes(&log, &follower_user)
+            .unwrap()
+            .iter()
+            .filter(not_lease)
+            .count(),
+        0,
+        "the follower wrote"
+    );
+
+    // Kill the leader as a crash would: the Lease is not released, it must expire.
+    leader.kill().await.unwrap();
+    let killed = std::time::Instant::now();
+    eventually(
+        Duration::from_secs(20),
+        "the follower to take over",
+        || async { Ok(follower.is_ready().await) },
+    )
+    .await
+    .unwrap();
+    let took = killed.elapsed();
+    eprintln!(
+        "pool-claimer: the follower took over {took:?} after the leader was killed (6 s lease)"
+    );
+    assert!(
+        took <= Duration::from_secs(6 + 3),
+        "take-over took {took:?} for a 6 s lease"
+    );
+
+    scale(&client, &ns, "eu-west-1d", 4).await;
+    eventually(LIMIT, "claims to continue under the new leader", || async {
+        Ok(claims(&client, &ns)
+            .await
+            .get("eu-west-1d")
+            .map_or(0, Vec::len)
+            == 4)
+    })
+    .await
+    .unwrap();
+    assert!(
+        audit_writes(&log, &follower_user)
+            .unwrap()
+            .iter()
+            .filter(not_lease)
+            .count()
+            >= 2,
+        "the new leader claimed"
+    );
 }
