@@ -1,0 +1,511 @@
+//! The pure state machine of one emulated machine: modes, what each RPC may do in each mode,
+//! config validation and the effects of Apply, Bootstrap, Reset and a reboot. No I/O; the
+//! server (`machine.rs`) performs the effects this module returns.
+
+use std::net::Ipv4Addr;
+
+use kontinuum_talos_config::{
+    ConfigError, DiskSelector, InstallDisk, MachineType, ParsedConfig, parse_machine_config,
+};
+
+/// The gRPC-level outcome of a refused call; the edge maps it to a `tonic::Status`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    InvalidArgument(String),
+    PermissionDenied(String),
+    AlreadyExists(String),
+    FailedPrecondition(String),
+    Unimplemented(String),
+}
+
+impl Refusal {
+    /// The status the machine answers with.
+    pub fn into_status(self) -> tonic::Status {
+        match self {
+            Self::InvalidArgument(m) => tonic::Status::invalid_argument(m),
+            Self::PermissionDenied(m) => tonic::Status::permission_denied(m),
+            Self::AlreadyExists(m) => tonic::Status::already_exists(m),
+            Self::FailedPrecondition(m) => tonic::Status::failed_precondition(m),
+            Self::Unimplemented(m) => tonic::Status::unimplemented(m),
+        }
+    }
+}
+
+/// Roles carried in a client certificate's Organization.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Admin,
+    Operator,
+    Reader,
+}
+
+impl Role {
+    /// The role named by an Organization value; unknown values are ignored (as Talos does).
+    pub fn parse(organization: &str) -> Option<Self> {
+        match organization {
+            "os:admin" => Some(Self::Admin),
+            "os:operator" => Some(Self::Operator),
+            "os:reader" => Some(Self::Reader),
+            _ => None,
+        }
+    }
+}
+
+/// What an RPC needs (Talos' authorization table, reduced to what we serve).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Version, COSI Get/List, Disks, HealthCheck: admin, operator, reader.
+    Read,
+    /// ApplyConfiguration: admin; anyone in maintenance mode.
+    Apply,
+    /// Bootstrap, Kubeconfig, Reset: admin only.
+    Admin,
+}
+
+/// The two API modes of a machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// No config: self-signed TLS, no client certificate, every caller is `os:reader`.
+    Maintenance,
+    /// A config is applied: mTLS against its OS CA.
+    Configured,
+}
+
+/// Authorizes a call. `roles` are the client certificate's roles (configured mode).
+pub fn authorize(mode: Mode, roles: &[Role], access: Access) -> Result<(), Refusal> {
+    let allowed = match (mode, access) {
+        (Mode::Maintenance, Access::Read | Access::Apply) => true,
+        (Mode::Maintenance, Access::Admin) => false,
+        (Mode::Configured, Access::Read) => !roles.is_empty(),
+        (Mode::Configured, Access::Apply | Access::Admin) => roles.contains(&Role::Admin),
+    };
+    if allowed {
+        Ok(())
+    } else {
+        Err(Refusal::PermissionDenied("not authorized".to_owned()))
+    }
+}
+
+/// Fixed facts of one emulated machine, derived from its index and address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Facts {
+    /// 0-based position among the emulator's machines.
+    pub index: usize,
+    /// The machine's address (all its services listen here).
+    pub address: Ipv4Addr,
+}
+
+/// The one disk every machine has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskFacts {
+    pub name: String,
+    pub dev_path: String,
+    pub model: String,
+    pub serial: String,
+    pub size: u64,
+    pub disk_type: &'static str,
+}
+
+/// Prefix length of the emulated machine network.
+pub const PREFIX_LENGTH: u8 = 24;
+/// The emulated disk's size: 100 GiB.
+pub const DISK_SIZE: u64 = 100 * 1024 * 1024 * 1024;
+
+impl Facts {
+    /// `52:54:00:xx:yy:zz`, the low 24 bits being `index + 1`.
+    pub fn mac(&self) -> String {
+        let n = (self.index + 1) & 0x00ff_ffff;
+        format!(
+            "52:54:00:{:02x}:{:02x}:{:02x}",
+            (n >> 16) & 0xff,
+            (n >> 8) & 0xff,
+            n & 0xff
+        )
+    }
+
+    /// `<address>/24`.
+    pub fn cidr(&self) -> String {
+        format!("{}/{PREFIX_LENGTH}", self.address)
+    }
+
+    /// The hostname a machine reports when its config sets none, e.g. `talos-127-10-0-1`.
+    pub fn default_hostname(&self) -> String {
+        format!("talos-{}", self.address.to_string().replace('.', "-"))
+    }
+
+    /// The disk: `/dev/sda`, a QEMU model, a serial from the index, 100 GiB, an SSD.
+    pub fn disk(&self) -> DiskFacts {
+        DiskFacts {
+            name: "sda".to_owned(),
+            dev_path: "/dev/sda".to_owned(),
+            model: "QEMU HARDDISK".to_owned(),
+            serial: format!("EMU{:06}", self.index + 1),
+            size: DISK_SIZE,
+            disk_type: "ssd",
+        }
+    }
+}
+
+/// What the emulator knows about a configured control plane of another (or this) machine,
+/// for checking that a worker config belongs to its cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KnownControlPlane {
+    pub address: Ipv4Addr,
+    pub cluster_id: Option<String>,
+    pub kubernetes_ca_pem: String,
+    pub os_ca_pem: String,
+}
+
+/// Parses and checks a config as Talos' ApplyConfiguration would in maintenance mode, plus
+/// the emulator's cluster consistency check: a worker whose endpoint is a known control plane
+/// (or whose cluster id is known) must carry that cluster's id and CAs.
+pub fn validate_config(
+    bytes: &[u8],
+    facts: &Facts,
+    control_planes: &[KnownControlPlane],
+) -> Result<ParsedConfig, Refusal> {
+    let parsed = parse_machine_config(bytes).map_err(|e| Refusal::InvalidArgument(describe(&e)))?;
+    check_install_disk(&parsed.install_disk, &facts.disk())?;
+    if parsed.machine_type == MachineType::Worker {
+        let endpoint_host = endpoint_host(&parsed.cluster_endpoint);
+        let related = control_planes.iter().filter(|cp| {
+            Some(cp.address.to_string().as_str()) == endpoint_host
+                || (cp.cluster_id.is_some() && cp.cluster_id == parsed.cluster_id)
+        });
+        for cp in related {
+            if cp.cluster_id != parsed.cluster_id
+                || cp.kubernetes_ca_pem.trim() != parsed.kubernetes_ca.cert_pem.trim()
+                || cp.os_ca_pem.trim() != parsed.os_ca.cert_pem.trim()
+            {
+                return Err(Refusal::InvalidArgument(format!(
+                    "config does not belong to the cluster of control plane {}",
+                    cp.address
+                )));
+            }
+        }
+    }
+    Ok(parsed)
+}
+
+/// The error and its sources, one line (configs hold secrets, but `ConfigError` never
+/// carries them: it names fields).
+fn describe(err: &ConfigError) -> String {
+    let mut out = format!("invalid machine config: {err}");
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// The host of `https://host:port/...`.
+pub fn endpoint_host(url: &str) -> Option<&str> {
+    let rest = url.strip_prefix("https://")?;
+    let authority = rest.split('/').next()?;
+    if let Some(v6) = authority.strip_prefix('[') {
+        return v6.split(']').next();
+    }
+    Some(authority.rsplit_once(':').map_or(authority, |(h, _)| h))
+}
+
+/// Talos' RuntimeValidate: the install disk must exist ("no disks matched the expression").
+fn check_install_disk(install: &InstallDisk, disk: &DiskFacts) -> Result<(), Refusal> {
+    let matches = match install {
+        InstallDisk::Path(path) => *path == disk.dev_path,
+        InstallDisk::Selector(selector) => selector_matches(selector, disk),
+    };
+    if matches {
+        Ok(())
+    } else {
+        Err(Refusal::InvalidArgument(
+            "install disk: no disks matched the expression".to_owned(),
+        ))
+    }
+}
+
+fn selector_matches(selector: &DiskSelector, disk: &DiskFacts) -> bool {
+    let glob = |pattern: &str, value: &str| match pattern.strip_suffix('*') {
+        Some(prefix) => value.starts_with(prefix),
+        None => pattern == value,
+    };
+    selector
+        .model
+        .as_deref()
+        .is_none_or(|m| glob(m, &disk.model))
+        && selector.serial.as_deref().is_none_or(|s| s == disk.serial)
+        && selector
+            .name
+            .as_deref()
+            .is_none_or(|n| n == disk.name || n == disk.dev_path)
+        && selector
+            .disk_type
+            .as_deref()
+            .is_none_or(|t| t == disk.disk_type)
+        && selector.wwid.is_none()
+        && selector.bus_path.as_deref().is_none_or(|b| b == "*")
+}
+
+/// A machine's state as the core sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Core {
+    /// Current API mode.
+    pub mode: Mode,
+    /// The config on disk (STATE). Kept across a reboot into maintenance mode.
+    pub config: Option<ParsedConfig>,
+    /// Bootstrap was called (etcd has data).
+    pub bootstrapped: bool,
+    /// Bumped on every mode change: connections of an older generation belong to a machine
+    /// that has since rebooted, and are answered Unavailable.
+    pub generation: u64,
+}
+
+/// What Reset or a reboot asks the edge to do, besides the state change.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// Stop this machine's control plane (it ran etcd and the API server).
+    pub stop_control_plane: bool,
+    /// Remove this worker's Node from its cluster: (cluster id, node name).
+    pub leave_cluster: Option<(Option<String>, String)>,
+    /// Delete the config file (STATE wiped).
+    pub wipe_config: bool,
+    /// Forget the maintenance identity (full wipe).
+    pub forget_identity: bool,
+}
+
+/// A validated Reset request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResetPlan {
+    /// Empty partition list: the whole system disk.
+    pub full_wipe: bool,
+}
+
+const SYSTEM_LABELS: [&str; 6] = ["STATE", "EPHEMERAL", "META", "BOOT", "EFI", "BIOS"];
+
+/// Validates a Reset request's partitions (mode: 0 ALL, 1 SYSTEM_DISK, 2 USER_DISKS).
+pub fn plan_reset(
+    labels: &[String],
+    user_disks: &[String],
+    mode: i32,
+) -> Result<ResetPlan, Refusal> {
+    if mode == 1 && !user_disks.is_empty() {
+        return Err(Refusal::InvalidArgument(
+            "user disks cannot be wiped in system disk mode".to_owned(),
+        ));
+    }
+    if mode == 2 && !labels.is_empty() {
+        return Err(Refusal::InvalidArgument(
+            "system partitions cannot be wiped in user disks mode".to_owned(),
+        ));
+    }
+    if let Some(bad) = labels.iter().find(|l| !SYSTEM_LABELS.contains(&l.as_str())) {
+        return Err(Refusal::InvalidArgument(format!(
+            "unknown system partition label {bad:?}"
+        )));
+    }
+    if !labels.is_empty() && !labels.iter().any(|l| l == "STATE") {
+        return Err(Refusal::Unimplemented(
+            "the emulator only resets with STATE wiped".to_owned(),
+        ));
+    }
+    Ok(ResetPlan {
+        full_wipe: labels.is_empty(),
+    })
+}
+
+impl Core {
+    /// A new machine in maintenance mode.
+    pub fn new() -> Self {
+        Self {
+            mode: Mode::Maintenance,
+            config: None,
+            bootstrapped: false,
+            generation: 0,
+        }
+    }
+
+    /// A restored machine: configured if a config is on disk and it was configured.
+    pub fn restored(config: Option<ParsedConfig>, configured: bool) -> Self {
+        let mode = if configured && config.is_some() {
+            Mode::Configured
+        } else {
+            Mode::Maintenance
+        };
+        Self {
+            mode,
+            config,
+            bootstrapped: false,
+            generation: 0,
+        }
+    }
+
+    /// The hostname: from the config, else the default.
+    pub fn hostname(&self, facts: &Facts) -> String {
+        self.config
+            .as_ref()
+            .and_then(|c| c.hostname.clone())
+            .unwrap_or_else(|| facts.default_hostname())
+    }
+
+    /// The active config (configured mode only).
+    pub fn active_config(&self) -> Option<&ParsedConfig> {
+        match self.mode {
+            Mode::Configured => self.config.as_ref(),
+            Mode::Maintenance => None,
+        }
+    }
+
+    /// ApplyConfiguration with an already validated config.
+    pub fn apply(&mut self, config: ParsedConfig) -> Result<(), Refusal> {
+        match self.mode {
+            Mode::Maintenance => {
+                self.config = Some(config);
+                self.mode = Mode::Configured;
+                self.bootstrapped = false;
+                self.generation += 1;
+                Ok(())
+            }
+            Mode::Configured => Err(Refusal::Unimplemented(
+                "the emulator does not reconfigure a configured machine".to_owned(),
+            )),
+        }
+    }
+
+    /// Bootstrap: control planes only, once.
+    pub fn bootstrap(&mut self) -> Result<(), Refusal> {
+        let Some(config) = self.active_config() else {
+            return Err(Refusal::FailedPrecondition(
+                "bootstrap is not available yet".to_owned(),
+            ));
+        };
+        if !config.machine_type.is_control_plane() {
+            return Err(Refusal::Unimplemented(
+                "bootstrap is only available on control plane nodes".to_owned(),
+            ));
+        }
+        if self.bootstrapped {
+            return Err(Refusal::AlreadyExists(
+                "etcd data directory is not empty".to_owned(),
+            ));
+        }
+        self.bootstrapped = true;
+        Ok(())
+    }
+
+    /// Reset (already planned): back to maintenance mode with STATE and EPHEMERAL gone.
+    pub fn reset(&mut self, plan: &ResetPlan, facts: &Facts) -> Result<Effects, Refusal> {
+        let Some(config) = self.active_config() else {
+            return Err(Refusal::FailedPrecondition(
+                "reset needs a configured machine".to_owned(),
+            ));
+        };
+        let control_plane = config.machine_type.is_control_plane();
+        let effects = Effects {
+            stop_control_plane: control_plane,
+            leave_cluster: (!control_plane)
+                .then(|| (config.cluster_id.clone(), self.hostname(facts))),
+            wipe_config: true,
+            forget_identity: plan.full_wipe,
+        };
+        self.mode = Mode::Maintenance;
+        self.config = None;
+        self.bootstrapped = false;
+        self.generation += 1;
+        Ok(effects)
+    }
+
+    /// A reboot into maintenance mode: processes stop, the config stays on disk, and the
+    /// machine's Node stays registered (a rebooted kubelet does not delete its Node).
+    pub fn reboot_to_maintenance(&mut self) -> Effects {
+        let stop_control_plane = self
+            .active_config()
+            .is_some_and(|c| c.machine_type.is_control_plane());
+        self.mode = Mode::Maintenance;
+        self.bootstrapped = false;
+        self.generation += 1;
+        Effects {
+            stop_control_plane,
+            ..Effects::default()
+        }
+    }
+}
+
+impl Default for Core {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// YAML specs of the COSI resources a machine serves, in the shapes `talosctl get -o yaml`
+/// prints (LinkStatus/AddressStatus camelCase, DiskSpec snake_case).
+pub mod resources {
+    use super::Facts;
+
+    /// (id, yaml) of every LinkStatus: `lo` and `eth0`.
+    pub fn links(facts: &Facts) -> Vec<(String, String)> {
+        vec![
+            (
+                "eth0".to_owned(),
+                format!(
+                    "index: 2\ntype: ether\nlinkIndex: 0\nflags: UP,BROADCAST,RUNNING,MULTICAST,LOWER_UP\n\
+                     hardwareAddr: {mac}\npermanentAddr: {mac}\nbroadcastAddr: ff:ff:ff:ff:ff:ff\n\
+                     mtu: 1500\nqueueDisc: pfifo_fast\noperationalState: up\nkind: \"\"\n\
+                     slaveKind: \"\"\nbusPath: \"0000:00:03.0\"\ndriver: virtio_net\n\
+                     linkState: true\nspeedMbit: 1000\nport: Other\nduplex: Full\n",
+                    mac = facts.mac()
+                ),
+            ),
+            (
+                "lo".to_owned(),
+                "index: 1\ntype: loopback\nlinkIndex: 0\nflags: UP,LOOPBACK,RUNNING\n\
+                 hardwareAddr: 00:00:00:00:00:00\nbroadcastAddr: 00:00:00:00:00:00\n\
+                 mtu: 65536\nqueueDisc: noqueue\noperationalState: unknown\nkind: \"\"\n\
+                 slaveKind: \"\"\nlinkState: true\n"
+                    .to_owned(),
+            ),
+        ]
+    }
+
+    /// (id, yaml) of every AddressStatus: the machine's CIDR on `eth0`, loopback on `lo`.
+    pub fn addresses(facts: &Facts) -> Vec<(String, String)> {
+        let entry = |link: &str, cidr: &str, index: u32, scope: &str| {
+            let ip = cidr.split('/').next().unwrap_or(cidr);
+            (
+                format!("{link}/{cidr}"),
+                format!(
+                    "address: {cidr}\nlocal: {ip}\nlinkIndex: {index}\nlinkName: {link}\n\
+                     family: inet4\nscope: {scope}\nflags: permanent\npriority: 1024\n"
+                ),
+            )
+        };
+        vec![
+            entry("eth0", &facts.cidr(), 2, "global"),
+            entry("lo", "127.0.0.1/8", 1, "host"),
+        ]
+    }
+
+    /// (id, yaml) of every Disk.
+    pub fn disks(facts: &Facts) -> Vec<(String, String)> {
+        let d = facts.disk();
+        let pretty = format!("{} GB", d.size / 1_000_000_000);
+        vec![(
+            d.name.clone(),
+            format!(
+                "size: {size}\nio_size: 512\nsector_size: 512\nreadonly: false\ncdrom: false\n\
+                 model: {model}\nserial: {serial}\nmodalias: scsi:t-0x00\n\
+                 bus_path: /pci0000:00/0000:00:05.0/virtio3/host0/target0:0:0/0:0:0:0\n\
+                 sub_system: /sys/class/block\ntransport: scsi\nrotational: false\n\
+                 dev_path: {dev}\npretty_size: {pretty}\nsecondary_disks: []\n\
+                 symlinks:\n  - /dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_{serial}\n",
+                size = d.size,
+                model = d.model,
+                serial = d.serial,
+                dev = d.dev_path,
+            ),
+        )]
+    }
+}
+
+#[cfg(test)]
+mod tests;

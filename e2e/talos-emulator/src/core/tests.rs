@@ -1,0 +1,267 @@
+use std::sync::OnceLock;
+
+use kontinuum_talos_config::{
+    ConfigInput, InstallDisk, MachineType, SecretsBundle, TalosVersion, render_machine_config,
+};
+
+use super::*;
+
+fn facts() -> Facts {
+    Facts {
+        index: 2,
+        address: Ipv4Addr::new(127, 63, 0, 3),
+    }
+}
+
+fn bundle(n: usize) -> &'static SecretsBundle {
+    static BUNDLES: OnceLock<Vec<SecretsBundle>> = OnceLock::new();
+    &BUNDLES.get_or_init(|| {
+        let version = TalosVersion::parse("v1.13.8").unwrap();
+        (0..2)
+            .map(|_| {
+                SecretsBundle::generate_with_rsa_bits(
+                    &mut rand_core::OsRng,
+                    jiff::Timestamp::now(),
+                    &version,
+                    2048,
+                )
+                .unwrap()
+            })
+            .collect()
+    })[n]
+}
+
+fn config(n: usize, kind: MachineType, hostname: &str, endpoint: &str) -> Vec<u8> {
+    let mut input = ConfigInput::new(
+        "emu",
+        endpoint,
+        TalosVersion::parse("v1.13.8").unwrap(),
+        "1.36.2",
+    );
+    input.install_disk = InstallDisk::Path("/dev/sda".into());
+    render_machine_config(&input, bundle(n), kind, hostname)
+        .unwrap()
+        .expose()
+        .as_bytes()
+        .to_vec()
+}
+
+fn invalid(r: Result<ParsedConfig, Refusal>) -> String {
+    match r {
+        Err(Refusal::InvalidArgument(m)) => m,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
+
+#[test]
+fn authorization_follows_talos_table() {
+    use Access::{Admin, Apply, Read};
+    let m = Mode::Maintenance;
+    let c = Mode::Configured;
+    assert!(authorize(m, &[], Read).is_ok());
+    assert!(authorize(m, &[], Apply).is_ok());
+    assert!(authorize(m, &[], Admin).is_err());
+    assert!(authorize(c, &[], Read).is_err());
+    assert!(authorize(c, &[Role::Reader], Read).is_ok());
+    assert!(authorize(c, &[Role::Reader], Admin).is_err());
+    assert!(authorize(c, &[Role::Operator], Apply).is_err());
+    assert!(authorize(c, &[Role::Admin], Admin).is_ok());
+    assert!(authorize(c, &[Role::Admin], Apply).is_ok());
+    assert_eq!(Role::parse("os:admin"), Some(Role::Admin));
+    assert_eq!(Role::parse("system:masters"), None);
+}
+
+#[test]
+fn facts_are_deterministic() {
+    let f = facts();
+    assert_eq!(f.mac(), "52:54:00:00:00:03");
+    assert_eq!(f.cidr(), "127.63.0.3/24");
+    assert_eq!(f.default_hostname(), "talos-127-63-0-3");
+    assert_eq!(f.disk().serial, "EMU000003");
+    let big = Facts {
+        index: 0x01_0203 - 1,
+        ..f
+    };
+    assert_eq!(big.mac(), "52:54:00:01:02:03");
+}
+
+#[test]
+fn resources_parse_with_the_client_discovery() {
+    use kontinuum_proto::talos::cosi::resource::{Metadata, Resource, Spec};
+    let wrap = |(id, yaml): (String, String)| Resource {
+        metadata: Some(Metadata {
+            id,
+            version: "1".into(),
+            phase: "running".into(),
+            ..Default::default()
+        }),
+        spec: Some(Spec {
+            proto_spec: vec![],
+            yaml_spec: yaml,
+        }),
+    };
+    let f = facts();
+    let links: Vec<_> = resources::links(&f).into_iter().map(wrap).collect();
+    let addrs: Vec<_> = resources::addresses(&f).into_iter().map(wrap).collect();
+    let disks: Vec<_> = resources::disks(&f).into_iter().map(wrap).collect();
+    let ifaces = kontinuum_talos::discovery::interfaces(&links, &addrs).unwrap();
+    assert_eq!(ifaces.len(), 2);
+    assert_eq!(ifaces[0].name, "eth0");
+    assert_eq!(ifaces[0].mac_address.as_deref(), Some("52:54:00:00:00:03"));
+    assert_eq!(ifaces[0].addresses, vec!["127.63.0.3/24".to_owned()]);
+    assert_eq!(ifaces[1].mac_address, None);
+    let disks = kontinuum_talos::discovery::disks(&disks).unwrap();
+    assert_eq!(disks.len(), 1);
+    assert_eq!(disks[0].dev_path.as_deref(), Some("/dev/sda"));
+    assert_eq!(disks[0].serial.as_deref(), Some("EMU000003"));
+    assert_eq!(disks[0].size_bytes, Some(107_374_182_400));
+    assert_eq!(disks[0].model.as_deref(), Some("QEMU HARDDISK"));
+}
+
+#[test]
+fn bad_configs_are_invalid_arguments() {
+    let f = facts();
+    assert!(invalid(validate_config(b"", &f, &[])).contains("empty"));
+    invalid(validate_config(b"\x00\xff garbage: [", &f, &[]));
+    invalid(validate_config(b"just: a map\n", &f, &[]));
+    let big = vec![b'#'; 1024 * 1024 + 1];
+    invalid(validate_config(&big, &f, &[]));
+    // A config without machine.token.
+    let good = String::from_utf8(config(0, MachineType::ControlPlane, "cp", "127.63.0.3")).unwrap();
+    let no_token: String = good
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("token:"))
+        .fold(String::new(), |acc, l| acc + l + "\n");
+    invalid(validate_config(no_token.as_bytes(), &f, &[]));
+    // An install disk the machine does not have.
+    let other_disk = good.replace("disk: /dev/sda", "disk: /dev/nvme9n1");
+    assert!(invalid(validate_config(other_disk.as_bytes(), &f, &[])).contains("no disks"));
+    assert!(validate_config(good.as_bytes(), &f, &[]).is_ok());
+}
+
+#[test]
+fn workers_must_belong_to_the_cluster_they_point_at() {
+    let f = facts();
+    let cp = validate_config(
+        &config(0, MachineType::ControlPlane, "cp", "127.63.0.1"),
+        &f,
+        &[],
+    )
+    .unwrap();
+    let known = [KnownControlPlane {
+        address: Ipv4Addr::new(127, 63, 0, 1),
+        cluster_id: cp.cluster_id.clone(),
+        kubernetes_ca_pem: cp.kubernetes_ca.cert_pem.clone(),
+        os_ca_pem: cp.os_ca.cert_pem.clone(),
+    }];
+    let same = config(0, MachineType::Worker, "w1", "127.63.0.1");
+    let parsed = validate_config(&same, &f, &known).unwrap();
+    assert_eq!(parsed.machine_type, MachineType::Worker);
+    let other = config(1, MachineType::Worker, "w1", "127.63.0.1");
+    assert!(invalid(validate_config(&other, &f, &known)).contains("cluster"));
+    // Pointing elsewhere, with an unknown cluster id: nothing to compare with.
+    let elsewhere = config(1, MachineType::Worker, "w1", "127.63.0.9");
+    assert!(validate_config(&elsewhere, &f, &known).is_ok());
+}
+
+#[test]
+fn lifecycle_of_a_control_plane() {
+    let f = facts();
+    let parsed = validate_config(
+        &config(0, MachineType::ControlPlane, "cp-1", "127.63.0.3"),
+        &f,
+        &[],
+    )
+    .unwrap();
+    let mut core = Core::new();
+    assert_eq!(core.mode, Mode::Maintenance);
+    assert_eq!(
+        core.bootstrap(),
+        Err(Refusal::FailedPrecondition(
+            "bootstrap is not available yet".into()
+        ))
+    );
+    core.apply(parsed.clone()).unwrap();
+    assert_eq!((core.mode, core.generation), (Mode::Configured, 1));
+    assert_eq!(core.hostname(&f), "cp-1");
+    assert!(matches!(
+        core.apply(parsed.clone()),
+        Err(Refusal::Unimplemented(_))
+    ));
+    core.bootstrap().unwrap();
+    assert!(matches!(core.bootstrap(), Err(Refusal::AlreadyExists(_))));
+
+    let plan = plan_reset(&["STATE".into(), "EPHEMERAL".into()], &[], 0).unwrap();
+    let effects = core.reset(&plan, &f).unwrap();
+    assert_eq!(
+        effects,
+        Effects {
+            stop_control_plane: true,
+            leave_cluster: None,
+            wipe_config: true,
+            forget_identity: false,
+        }
+    );
+    assert_eq!((core.mode, core.generation), (Mode::Maintenance, 2));
+    assert!(core.config.is_none() && !core.bootstrapped);
+    assert!(matches!(
+        core.reset(&plan, &f),
+        Err(Refusal::FailedPrecondition(_))
+    ));
+
+    // Second cycle, then a full wipe forgets the identity.
+    core.apply(parsed).unwrap();
+    core.bootstrap().unwrap();
+    let full = plan_reset(&[], &[], 0).unwrap();
+    assert!(core.reset(&full, &f).unwrap().forget_identity);
+}
+
+#[test]
+fn worker_reset_leaves_and_reboot_keeps_config() {
+    let f = facts();
+    let parsed = validate_config(
+        &config(0, MachineType::Worker, "w-1", "127.63.0.1"),
+        &f,
+        &[],
+    )
+    .unwrap();
+    let id = parsed.cluster_id.clone();
+    let mut core = Core::new();
+    core.apply(parsed).unwrap();
+    assert!(matches!(core.bootstrap(), Err(Refusal::Unimplemented(_))));
+    let effects = core.reboot_to_maintenance();
+    assert!(!effects.stop_control_plane && !effects.wipe_config);
+    assert_eq!(core.mode, Mode::Maintenance);
+    assert!(core.config.is_some(), "config stays on disk");
+    assert!(core.active_config().is_none());
+
+    let mut core = Core::restored(core.config.clone(), true);
+    assert_eq!(core.mode, Mode::Configured);
+    let plan = plan_reset(&["STATE".into(), "EPHEMERAL".into()], &[], 0).unwrap();
+    let effects = core.reset(&plan, &f).unwrap();
+    assert_eq!(effects.leave_cluster, Some((id, "w-1".to_owned())));
+}
+
+#[test]
+fn reset_requests_are_validated() {
+    assert!(plan_reset(&["STATE".into()], &["/dev/sdb".into()], 1).is_err());
+    assert!(plan_reset(&["STATE".into()], &[], 2).is_err());
+    assert!(matches!(
+        plan_reset(&["NOPE".into()], &[], 0),
+        Err(Refusal::InvalidArgument(_))
+    ));
+    assert!(plan_reset(&["EPHEMERAL".into()], &[], 0).is_err());
+    assert!(
+        !plan_reset(&["STATE".into(), "EPHEMERAL".into()], &[], 0)
+            .unwrap()
+            .full_wipe
+    );
+}
+
+#[test]
+fn endpoint_hosts() {
+    assert_eq!(endpoint_host("https://10.0.0.1:6443"), Some("10.0.0.1"));
+    assert_eq!(endpoint_host("https://[fd00::1]:6443"), Some("fd00::1"));
+    assert_eq!(endpoint_host("https://api.example"), Some("api.example"));
+    assert_eq!(endpoint_host("http://x"), None);
+}

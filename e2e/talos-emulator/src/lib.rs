@@ -1,0 +1,263 @@
+//! `talos-emulator`: many emulated Talos machines in one process, speaking the Talos wire
+//! protocol on consecutive loopback addresses.
+//!
+//! * Maintenance mode: self-signed Ed25519 TLS (ALPN h2, no client certificate), Version,
+//!   COSI links/addresses/disks, ApplyConfiguration (validated with
+//!   `kontinuum_talos_config::parse_machine_config`).
+//! * Configured mode: mTLS against the OS CA of the applied config (`os:admin`, EKU exactly
+//!   clientAuth); Bootstrap starts a REAL control plane from the test bed on the machine's
+//!   address; Kubeconfig, HealthCheck, Reset; workers join the cluster of the same id as KWOK
+//!   nodes.
+//! * Faults injected per machine ([`Fault`]), in process or through the HTTP control
+//!   interface ([`control`]).
+//!
+//! The state machine is pure ([`core`]); sockets, files and the test bed are at the edges.
+
+pub mod control;
+pub mod core;
+mod error;
+mod machine;
+pub mod pki;
+mod service;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kontinuum_proto::talos::cluster::cluster_service_server::ClusterServiceServer;
+use kontinuum_proto::talos::cosi::resource::state_server::StateServer;
+use kontinuum_proto::talos::machine::machine_service_server::MachineServiceServer;
+use kontinuum_proto::talos::storage::storage_service_server::StorageServiceServer;
+use serde::Deserialize;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+
+pub use crate::core::Mode;
+pub use crate::error::Error;
+pub use crate::service::TALOS_TAG;
+
+use crate::core::Facts;
+use crate::machine::{Machine, Shared};
+
+/// Largest gRPC message either way (Talos' `GRPCMaxMessageSize`).
+pub const MAX_MESSAGE_SIZE: usize = 32 * 1024 * 1024;
+/// The Talos API port.
+pub const DEFAULT_PORT: u16 = 50000;
+/// The Kubernetes API port of a bootstrapped control plane.
+pub const DEFAULT_API_PORT: u16 = 6443;
+
+/// What to emulate.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Number of machines.
+    pub machines: usize,
+    /// Address of machine 0; machine i listens on the i-th following address.
+    pub first_address: Ipv4Addr,
+    /// Talos API port of every machine (0: a free port per machine, for tests).
+    pub port: u16,
+    /// Kubernetes API port of a bootstrapped control plane (0: a free one per bootstrap).
+    pub api_port: u16,
+    /// State directory (one sub-directory per machine address).
+    pub dir: PathBuf,
+    /// Where the HTTP control interface listens (None: no control interface).
+    pub control_addr: Option<SocketAddr>,
+}
+
+/// A fault to inject into one machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(tag = "fault", rename_all = "lowercase")]
+pub enum Fault {
+    /// Every RPC hangs for this long (calls already running keep hanging until then).
+    Hang {
+        /// Seconds to hang.
+        seconds: u64,
+    },
+    /// Stop listening: new connections are refused.
+    Refuse,
+    /// Answer every RPC with `Unavailable`.
+    Unavailable,
+    /// Reboot into maintenance mode, the config staying on disk.
+    Reboot,
+    /// Remove every fault.
+    Clear,
+}
+
+/// Why a fault could not be injected.
+#[derive(Debug, thiserror::Error)]
+pub enum FaultError {
+    #[error("no machine at {0}")]
+    UnknownMachine(String),
+    #[error("rebooting the machine failed")]
+    Reboot(#[source] Error),
+}
+
+/// A running emulator. Dropping it stops serving (and kills control planes); prefer
+/// [`Emulator::shutdown`], which stops control planes gracefully.
+pub struct Emulator {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+    control_addr: Option<SocketAddr>,
+}
+
+impl Emulator {
+    /// Binds every machine's listener (and the control interface) and starts serving.
+    pub async fn start(settings: Settings) -> Result<Self, Error> {
+        kontinuum_testbed::install_crypto_provider();
+        if settings.machines == 0 {
+            return Err(Error::Settings("at least one machine"));
+        }
+        let first = u32::from(settings.first_address);
+        let count =
+            u32::try_from(settings.machines).map_err(|_| Error::Settings("too many machines"))?;
+        first
+            .checked_add(count - 1)
+            .ok_or(Error::Settings("addresses overflow"))?;
+        std::fs::create_dir_all(&settings.dir).map_err(|source| Error::Io {
+            what: format!("creating {}", settings.dir.display()),
+            source,
+        })?;
+
+        let mut load_error = None;
+        let shared = Arc::new_cyclic(|weak| {
+            let mut shared = Shared::new(settings.api_port);
+            for (index, n) in (first..first + count).enumerate() {
+                let facts = Facts {
+                    index,
+                    address: Ipv4Addr::from(n),
+                };
+                match Machine::load(facts, &settings.dir, settings.port, weak.clone()) {
+                    Ok(m) => shared.machines.push(Arc::new(m)),
+                    Err(e) => {
+                        load_error = Some(e);
+                        break;
+                    }
+                }
+            }
+            shared
+        });
+        if let Some(err) = load_error {
+            return Err(err);
+        }
+
+        let mut tasks = Vec::new();
+        for machine in &shared.machines {
+            let listener = machine::bind(machine).await?;
+            let (tx, rx) = tokio::sync::mpsc::channel(64);
+            let api = Arc::new(service::Api {
+                machine: Arc::clone(machine),
+            });
+            let server = tonic::transport::Server::builder()
+                .add_service(
+                    MachineServiceServer::from_arc(Arc::clone(&api))
+                        .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                        .max_encoding_message_size(MAX_MESSAGE_SIZE),
+                )
+                .add_service(ClusterServiceServer::from_arc(Arc::clone(&api)))
+                .add_service(StateServer::from_arc(Arc::clone(&api)))
+                .add_service(StorageServiceServer::from_arc(api))
+                .serve_with_incoming(ReceiverStream::new(rx));
+            tasks.push(tokio::spawn(async move {
+                if let Err(err) = server.await {
+                    tracing::warn!(error = &err as &dyn std::error::Error, "grpc server ended");
+                }
+            }));
+            tasks.push(tokio::spawn(machine::accept_loop(
+                Arc::clone(machine),
+                Some(listener),
+                tx,
+            )));
+        }
+
+        let control_addr = match settings.control_addr {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| Error::Io {
+                        what: format!("binding the control interface on {addr}"),
+                        source,
+                    })?;
+                let local = listener.local_addr().map_err(|source| Error::Io {
+                    what: "reading the control address".to_owned(),
+                    source,
+                })?;
+                let weak = Arc::downgrade(&shared);
+                tasks.push(tokio::spawn(control::serve(listener, weak)));
+                Some(local)
+            }
+            None => None,
+        };
+        Ok(Self {
+            shared,
+            tasks,
+            control_addr,
+        })
+    }
+
+    /// Where each machine's Talos API listens, in order.
+    pub fn addresses(&self) -> Vec<SocketAddr> {
+        self.shared
+            .machines
+            .iter()
+            .map(|m| m.socket_addr())
+            .collect()
+    }
+
+    /// Where the HTTP control interface listens.
+    pub fn control_addr(&self) -> Option<SocketAddr> {
+        self.control_addr
+    }
+
+    /// The mode of the machine at `address` (IP), if it is one of ours.
+    pub fn mode(&self, address: Ipv4Addr) -> Option<Mode> {
+        find(&self.shared, &address.to_string()).map(|m| m.mode())
+    }
+
+    /// Injects a fault into the machine at `address` (IP).
+    pub async fn inject(&self, address: Ipv4Addr, fault: Fault) -> Result<(), FaultError> {
+        inject(&self.shared, &address.to_string(), fault).await
+    }
+
+    /// Stops every control plane gracefully and stops serving.
+    pub async fn shutdown(mut self) {
+        for machine in &self.shared.machines {
+            machine.shutdown().await;
+        }
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn find<'a>(shared: &'a Shared, address: &str) -> Option<&'a Arc<Machine>> {
+    shared
+        .machines
+        .iter()
+        .find(|m| m.facts.address.to_string() == address)
+}
+
+pub(crate) async fn inject(shared: &Shared, address: &str, fault: Fault) -> Result<(), FaultError> {
+    let machine =
+        find(shared, address).ok_or_else(|| FaultError::UnknownMachine(address.to_owned()))?;
+    tracing::info!(instance = %address, fault = ?fault, "injecting fault");
+    match fault {
+        Fault::Hang { seconds } => machine.faults.send_modify(|f| {
+            f.hang_until = Some(tokio::time::Instant::now() + Duration::from_secs(seconds));
+        }),
+        Fault::Refuse => machine.faults.send_modify(|f| f.refuse = true),
+        Fault::Unavailable => machine.faults.send_modify(|f| f.unavailable = true),
+        Fault::Clear => machine
+            .faults
+            .send_modify(|f| *f = machine::Faults::default()),
+        Fault::Reboot => machine.reboot().await.map_err(FaultError::Reboot)?,
+    }
+    Ok(())
+}

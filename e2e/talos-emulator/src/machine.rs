@@ -1,0 +1,734 @@
+//! One emulated machine at run time: its core state behind a lock, its files under
+//! `<dir>/<address>/`, its listener (TLS chosen per connection from the current mode), its
+//! injected faults, and — on a bootstrapped control plane — its real test-bed cluster.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kontinuum_talos_config::{CertAndKey, ParsedConfig, Sensitive, parse_machine_config};
+use kontinuum_testbed::{ControlPlane, ControlPlaneConfig, Tools};
+use kube::api::{Api, DeleteParams, PostParams};
+use rustls::ServerConfig;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tonic::transport::server::Connected;
+
+use crate::core::{self, Core, Effects, Facts, KnownControlPlane, Mode, Refusal, Role};
+use crate::error::Error;
+use crate::pki;
+
+/// Emulator-wide settings and the list of machines (so that machines find their cluster).
+pub(crate) struct Shared {
+    pub machines: Vec<Arc<Machine>>,
+    /// Port of every control plane's API server; 0 picks a free one per bootstrap.
+    pub api_port: u16,
+    tools: Mutex<Option<Tools>>,
+}
+
+impl Shared {
+    pub fn new(api_port: u16) -> Self {
+        Self {
+            machines: Vec::new(),
+            api_port,
+            tools: Mutex::new(None),
+        }
+    }
+
+    fn tools(&self) -> Result<Tools, kontinuum_testbed::Error> {
+        let mut cached = lock(&self.tools);
+        if let Some(tools) = cached.as_ref() {
+            return Ok(tools.clone());
+        }
+        let tools = Tools::locate()?;
+        *cached = Some(tools.clone());
+        Ok(tools)
+    }
+
+    /// The cluster whose control plane was bootstrapped with `cluster_id`.
+    fn cluster(&self, cluster_id: Option<&String>) -> Option<Arc<Cluster>> {
+        self.machines.iter().find_map(|m| {
+            lock(&m.cluster)
+                .as_ref()
+                .filter(|c| c.id.as_ref() == cluster_id)
+                .cloned()
+        })
+    }
+
+    /// Every configured control plane (for the worker-config cluster check).
+    fn control_planes(&self) -> Vec<KnownControlPlane> {
+        self.machines
+            .iter()
+            .filter_map(|m| {
+                let inner = m.lock();
+                let config = inner.core.active_config()?;
+                config
+                    .machine_type
+                    .is_control_plane()
+                    .then(|| KnownControlPlane {
+                        address: m.facts.address,
+                        cluster_id: config.cluster_id.clone(),
+                        kubernetes_ca_pem: config.kubernetes_ca.cert_pem.clone(),
+                        os_ca_pem: config.os_ca.cert_pem.clone(),
+                    })
+            })
+            .collect()
+    }
+
+    /// The OS CA key of the cluster whose OS CA certificate is `cert_pem` (workers have no
+    /// key; Talos gets their certificate from trustd on a control plane).
+    fn os_ca_key(&self, cert_pem: &str) -> Option<Sensitive> {
+        self.machines.iter().find_map(|m| {
+            let inner = m.lock();
+            let config = inner.core.config.as_ref()?;
+            (config.os_ca.cert_pem.trim() == cert_pem.trim())
+                .then(|| config.os_ca.key_pem.clone())
+                .flatten()
+        })
+    }
+
+    /// Hostnames of the configured workers of a cluster.
+    fn workers_of(&self, cluster_id: Option<&String>) -> Vec<(Ipv4Addr, String)> {
+        self.machines
+            .iter()
+            .filter_map(|m| {
+                let inner = m.lock();
+                let config = inner.core.active_config()?;
+                (!config.machine_type.is_control_plane()
+                    && config.cluster_id.as_ref() == cluster_id)
+                    .then(|| (m.facts.address, inner.core.hostname(&m.facts)))
+            })
+            .collect()
+    }
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Faults injected through the control interface.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Faults {
+    pub hang_until: Option<tokio::time::Instant>,
+    pub refuse: bool,
+    pub unavailable: bool,
+}
+
+pub(crate) struct Inner {
+    pub core: Core,
+    maintenance_key: Vec<u8>,
+    maintenance_tls: Option<Arc<ServerConfig>>,
+    configured_tls: Option<(u64, Arc<ServerConfig>)>,
+}
+
+/// A running control plane's state.
+pub(crate) enum Phase {
+    Starting,
+    Running(Box<ControlPlane>),
+    Failed(String),
+    Stopped,
+}
+
+/// The downstream cluster a control plane bootstrapped.
+pub(crate) struct Cluster {
+    pub id: Option<String>,
+    pub server: String,
+    pub phase: tokio::sync::Mutex<Phase>,
+    start: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Cluster {
+    /// An admin client, if the control plane runs.
+    pub async fn client(&self) -> Result<kube::Client, String> {
+        match &*self.phase.lock().await {
+            Phase::Running(cp) => Ok(cp.client()),
+            Phase::Starting => Err("control plane is starting".to_owned()),
+            Phase::Failed(e) => Err(format!("control plane failed to start: {e}")),
+            Phase::Stopped => Err("control plane is stopped".to_owned()),
+        }
+    }
+
+    async fn stop(&self) {
+        let start = lock(&self.start).take();
+        if let Some(start) = start {
+            start.abort();
+            let _ = start.await;
+        }
+        let phase = std::mem::replace(&mut *self.phase.lock().await, Phase::Stopped);
+        if let Phase::Running(cp) = phase {
+            cp.stop().await;
+        }
+    }
+}
+
+/// One emulated machine.
+pub struct Machine {
+    pub(crate) facts: Facts,
+    dir: PathBuf,
+    port: AtomicU16,
+    inner: Mutex<Inner>,
+    pub(crate) faults: watch::Sender<Faults>,
+    pub(crate) cluster: Mutex<Option<Arc<Cluster>>>,
+    shared: Weak<Shared>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StateFile {
+    configured: bool,
+}
+
+const STATE_FILE: &str = "state.json";
+const CONFIG_FILE: &str = "config.yaml";
+const KEY_FILE: &str = "maintenance-key.der";
+
+fn io_err(what: String) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Io { what, source }
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(io_err(format!("writing {}", path.display())))
+}
+
+fn remove(path: &Path) -> Result<(), Error> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(io_err(format!("removing {}", path.display()))(e))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl Machine {
+    /// Loads (or creates) the machine's state under `<base>/<address>/`.
+    pub(crate) fn load(
+        facts: Facts,
+        base: &Path,
+        port: u16,
+        shared: Weak<Shared>,
+    ) -> Result<Self, Error> {
+        let dir = base.join(facts.address.to_string());
+        std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let key_path = dir.join(KEY_FILE);
+        let maintenance_key = if let Ok(key) = std::fs::read(&key_path) {
+            key
+        } else {
+            let key = pki::generate_maintenance_key()?;
+            write_private(&key_path, &key)?;
+            key
+        };
+        let configured = match std::fs::read(dir.join(STATE_FILE)) {
+            Ok(bytes) => {
+                serde_json::from_slice::<StateFile>(&bytes)
+                    .map_err(|source| Error::State {
+                        address: facts.address.to_string(),
+                        source,
+                    })?
+                    .configured
+            }
+            Err(_) => false,
+        };
+        let config = match std::fs::read(dir.join(CONFIG_FILE)) {
+            Ok(bytes) => {
+                Some(
+                    parse_machine_config(&bytes).map_err(|source| Error::StoredConfig {
+                        address: facts.address.to_string(),
+                        source: Box::new(source),
+                    })?,
+                )
+            }
+            Err(_) => None,
+        };
+        Ok(Self {
+            facts,
+            dir,
+            port: AtomicU16::new(port),
+            inner: Mutex::new(Inner {
+                core: Core::restored(config, configured),
+                maintenance_key,
+                maintenance_tls: None,
+                configured_tls: None,
+            }),
+            faults: watch::Sender::new(Faults::default()),
+            cluster: Mutex::new(None),
+            shared,
+        })
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        lock(&self.inner)
+    }
+
+    fn shared(&self) -> Option<Arc<Shared>> {
+        self.shared.upgrade()
+    }
+
+    /// Where the machine's API listens.
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::new(
+            IpAddr::V4(self.facts.address),
+            self.port.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The current mode.
+    pub fn mode(&self) -> Mode {
+        self.lock().core.mode
+    }
+
+    fn persist_state(&self, configured: bool) -> Result<(), Error> {
+        let json =
+            serde_json::to_vec(&StateFile { configured }).map_err(|source| Error::State {
+                address: self.facts.address.to_string(),
+                source,
+            })?;
+        write_private(&self.dir.join(STATE_FILE), &json)
+    }
+
+    /// The TLS configuration for a new connection and what the connection may do.
+    fn tls_for_connection(&self) -> Result<(Arc<ServerConfig>, ConnInfo, bool), Error> {
+        let mut inner = self.lock();
+        let generation = inner.core.generation;
+        let info = ConnInfo {
+            generation,
+            roles: Arc::new(Vec::new()),
+        };
+        let Some(config) = inner.core.active_config().cloned() else {
+            if let Some(tls) = &inner.maintenance_tls {
+                return Ok((Arc::clone(tls), info, false));
+            }
+            let tls = pki::maintenance_config(&inner.maintenance_key, self.facts.address)?;
+            inner.maintenance_tls = Some(Arc::clone(&tls));
+            return Ok((tls, info, false));
+        };
+        if let Some((g, tls)) = &inner.configured_tls
+            && *g == generation
+        {
+            return Ok((Arc::clone(tls), info, true));
+        }
+        let hostname = inner.core.hostname(&self.facts);
+        drop(inner);
+        let key = match config.os_ca.key_pem.clone() {
+            Some(key) => key,
+            None => self
+                .shared()
+                .and_then(|s| s.os_ca_key(&config.os_ca.cert_pem))
+                .ok_or(Error::NoOsCaKey)?,
+        };
+        let os_ca = CertAndKey {
+            cert_pem: config.os_ca.cert_pem.clone(),
+            key_pem: key,
+        };
+        let tls = pki::configured_config(&os_ca, self.facts.address, &hostname)?;
+        let mut inner = self.lock();
+        if inner.core.generation == generation {
+            inner.configured_tls = Some((generation, Arc::clone(&tls)));
+        }
+        Ok((tls, info, true))
+    }
+
+    /// Waits out an injected hang; fails if the machine is told to answer Unavailable.
+    pub(crate) async fn endure_faults(&self) -> Result<(), tonic::Status> {
+        loop {
+            let faults = self.faults.borrow().clone();
+            if faults.unavailable {
+                return Err(tonic::Status::unavailable("machine is unavailable"));
+            }
+            match faults.hang_until {
+                Some(until) if until > tokio::time::Instant::now() => {
+                    let mut changed = self.faults.subscribe();
+                    tokio::select! {
+                        () = tokio::time::sleep_until(until) => {}
+                        _ = changed.changed() => {}
+                    }
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// ApplyConfiguration: validate, persist, switch to configured mode; a worker of a
+    /// running cluster joins it.
+    pub(crate) fn apply(&self, bytes: &[u8]) -> Result<(), tonic::Status> {
+        let shared = self.shared().ok_or_else(stopping)?;
+        let parsed = core::validate_config(bytes, &self.facts, &shared.control_planes())
+            .map_err(Refusal::into_status)?;
+        let worker = !parsed.machine_type.is_control_plane();
+        let cluster_id = parsed.cluster_id.clone();
+        {
+            let mut inner = self.lock();
+            if inner.core.mode != Mode::Maintenance {
+                return Err(Refusal::Unimplemented(
+                    "the emulator does not reconfigure a configured machine".to_owned(),
+                )
+                .into_status());
+            }
+            write_private(&self.dir.join(CONFIG_FILE), bytes).map_err(|e| internal(&e))?;
+            self.persist_state(true).map_err(|e| internal(&e))?;
+            inner.core.apply(parsed).map_err(Refusal::into_status)?;
+        }
+        tracing::info!(instance = %self.facts.address, "applied machine config");
+        if worker && let Some(cluster) = shared.cluster(cluster_id.as_ref()) {
+            let hostname = self.lock().core.hostname(&self.facts);
+            tokio::spawn(async move { join_worker(&cluster, &hostname).await });
+        }
+        Ok(())
+    }
+
+    /// Bootstrap: starts the real control plane in the background.
+    pub(crate) fn bootstrap(self: &Arc<Self>) -> Result<(), tonic::Status> {
+        let shared = self.shared().ok_or_else(stopping)?;
+        let tools = shared.tools().map_err(|e| {
+            tonic::Status::failed_precondition(format!(
+                "control plane binaries unavailable: {}",
+                kontinuum_testbed::error_chain(&e)
+            ))
+        })?;
+        let (config, hostname) = {
+            let mut inner = self.lock();
+            inner.core.bootstrap().map_err(Refusal::into_status)?;
+            let config = inner.core.active_config().cloned();
+            (config, inner.core.hostname(&self.facts))
+        };
+        let config = config.ok_or_else(|| tonic::Status::internal("no active config"))?;
+        let ca = config
+            .kubernetes_ca
+            .key_pem
+            .as_ref()
+            .ok_or_else(|| tonic::Status::failed_precondition("no kubernetes ca key"))
+            .and_then(|key| {
+                pki::testbed_ca(&config.kubernetes_ca.cert_pem, key).map_err(|e| internal(&e))
+            })?;
+        let address = IpAddr::V4(self.facts.address);
+        let port = match shared.api_port {
+            0 => kontinuum_testbed::free_port(address)
+                .map_err(|e| internal(&Error::Testbed(Box::new(e))))?,
+            p => p,
+        };
+        let cluster = Arc::new(Cluster {
+            id: config.cluster_id.clone(),
+            server: format!("https://{}", SocketAddr::new(address, port)),
+            phase: tokio::sync::Mutex::new(Phase::Starting),
+            start: Mutex::new(None),
+        });
+        let cp_config = ControlPlaneConfig {
+            dir: self.dir.join("control-plane"),
+            address,
+            port,
+            nodes: vec![hostname.clone()],
+            extra_dns: vec![hostname],
+            ca: Some(ca),
+        };
+        *lock(&self.cluster) = Some(Arc::clone(&cluster));
+        tracing::info!(instance = %self.facts.address, "bootstrapping");
+        let task_cluster = Arc::clone(&cluster);
+        let weak = Arc::downgrade(&shared);
+        let handle = tokio::spawn(async move {
+            let started = Box::pin(ControlPlane::start(&tools, cp_config)).await;
+            let mut phase = task_cluster.phase.lock().await;
+            match started {
+                Ok(cp) => {
+                    tracing::info!(cluster = %task_cluster.server, "control plane ready");
+                    *phase = Phase::Running(Box::new(cp));
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        error = &err as &dyn std::error::Error,
+                        "control plane failed"
+                    );
+                    *phase = Phase::Failed(kontinuum_testbed::error_chain(&err));
+                    return;
+                }
+            }
+            drop(phase);
+            if let Some(shared) = weak.upgrade() {
+                for (_, hostname) in shared.workers_of(task_cluster.id.as_ref()) {
+                    join_worker(&task_cluster, &hostname).await;
+                }
+            }
+        });
+        *lock(&cluster.start) = Some(handle);
+        Ok(())
+    }
+
+    /// Reset or reboot effects: stop the control plane, remove the worker's node, wipe
+    /// files, forget the identity.
+    pub(crate) async fn carry_out(&self, effects: Effects) -> Result<(), Error> {
+        if effects.stop_control_plane {
+            let cluster = lock(&self.cluster).take();
+            if let Some(cluster) = cluster {
+                cluster.stop().await;
+            }
+        }
+        if let Some((cluster_id, hostname)) = effects.leave_cluster
+            && let Some(cluster) = self.shared().and_then(|s| s.cluster(cluster_id.as_ref()))
+        {
+            leave_cluster(&cluster, &hostname).await;
+        }
+        if effects.wipe_config {
+            remove(&self.dir.join(CONFIG_FILE))?;
+        }
+        self.persist_state(false)?;
+        if effects.forget_identity {
+            let key = pki::generate_maintenance_key()?;
+            write_private(&self.dir.join(KEY_FILE), &key)?;
+            let mut inner = self.lock();
+            inner.maintenance_key = key;
+            inner.maintenance_tls = None;
+        }
+        Ok(())
+    }
+
+    /// The injected `reboot` fault.
+    pub(crate) async fn reboot(&self) -> Result<(), Error> {
+        let effects = self.lock().core.reboot_to_maintenance();
+        tracing::info!(instance = %self.facts.address, "rebooted into maintenance mode");
+        self.carry_out(effects).await
+    }
+
+    /// This machine's cluster (control planes that bootstrapped).
+    pub(crate) fn own_cluster(&self) -> Option<Arc<Cluster>> {
+        lock(&self.cluster).clone()
+    }
+
+    /// The nodes a health check waits for: this control plane and its cluster's workers.
+    pub(crate) fn cluster_nodes(&self) -> Vec<(Ipv4Addr, String)> {
+        let (cluster_id, hostname) = {
+            let inner = self.lock();
+            (
+                inner
+                    .core
+                    .active_config()
+                    .and_then(|c| c.cluster_id.clone()),
+                inner.core.hostname(&self.facts),
+            )
+        };
+        let mut nodes = vec![(self.facts.address, hostname)];
+        if let Some(shared) = self.shared() {
+            nodes.extend(shared.workers_of(cluster_id.as_ref()));
+        }
+        nodes
+    }
+
+    /// Stops this machine's control plane, if any (emulator shutdown).
+    pub(crate) async fn shutdown(&self) {
+        let cluster = lock(&self.cluster).take();
+        if let Some(cluster) = cluster {
+            cluster.stop().await;
+        }
+    }
+
+    /// The active config, if configured.
+    pub(crate) fn active_config(&self) -> Option<ParsedConfig> {
+        self.lock().core.active_config().cloned()
+    }
+}
+
+fn stopping() -> tonic::Status {
+    tonic::Status::unavailable("emulator is stopping")
+}
+
+pub(crate) fn internal(err: &Error) -> tonic::Status {
+    tracing::warn!(error = err as &dyn std::error::Error, "internal error");
+    tonic::Status::internal(kontinuum_testbed::error_chain(err))
+}
+
+/// Creates the worker's KWOK Node in the cluster (KWOK marks it Ready).
+async fn join_worker(cluster: &Cluster, hostname: &str) {
+    let Ok(client) = cluster.client().await else {
+        return; // joined when the control plane is up
+    };
+    let node: Result<Node, _> = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": hostname,
+            "annotations": { "kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0" },
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": hostname,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+            }
+        }
+    }));
+    let Ok(node) = node else { return };
+    match Api::<Node>::all(client)
+        .create(&PostParams::default(), &node)
+        .await
+    {
+        Ok(_) => tracing::info!(node = hostname, "worker joined"),
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(err) => tracing::warn!(
+            node = hostname,
+            error = &err as &dyn std::error::Error,
+            "worker join failed"
+        ),
+    }
+}
+
+async fn leave_cluster(cluster: &Cluster, hostname: &str) {
+    let Ok(client) = cluster.client().await else {
+        return;
+    };
+    match Api::<Node>::all(client)
+        .delete(hostname, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => tracing::info!(node = hostname, "worker left"),
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(err) => tracing::warn!(
+            node = hostname,
+            error = &err as &dyn std::error::Error,
+            "removing node failed"
+        ),
+    }
+}
+
+/// What a connection may do: the generation it was accepted in and its client roles.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnInfo {
+    pub generation: u64,
+    pub roles: Arc<Vec<Role>>,
+}
+
+/// A TLS connection handed to tonic, carrying its [`ConnInfo`].
+pub(crate) struct TlsIo {
+    stream: tokio_rustls::server::TlsStream<TcpStream>,
+    info: ConnInfo,
+}
+
+impl Connected for TlsIo {
+    type ConnectInfo = ConnInfo;
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for TlsIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// Binds the machine's listener (the port is fixed after the first bind).
+pub(crate) async fn bind(machine: &Machine) -> Result<TcpListener, Error> {
+    let addr = machine.socket_addr();
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(io_err(format!("binding {addr}")))?;
+    if let Ok(local) = listener.local_addr() {
+        machine.port.store(local.port(), Ordering::Relaxed);
+    }
+    Ok(listener)
+}
+
+/// Accepts connections until the process ends: TLS per the current mode, `refuse` drops the
+/// listener until cleared.
+pub(crate) async fn accept_loop(
+    machine: Arc<Machine>,
+    mut listener: Option<TcpListener>,
+    connections: mpsc::Sender<std::io::Result<TlsIo>>,
+) {
+    let mut faults = machine.faults.subscribe();
+    loop {
+        let refuse = faults.borrow_and_update().refuse;
+        if refuse {
+            listener = None;
+            if faults.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let Some(current) = listener.as_ref() else {
+            match bind(&machine).await {
+                Ok(l) => listener = Some(l),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+            continue;
+        };
+        tokio::select! {
+            accepted = current.accept() => {
+                let Ok((tcp, _)) = accepted else { continue };
+                let machine = Arc::clone(&machine);
+                let connections = connections.clone();
+                tokio::spawn(async move {
+                    if let Some(io) = handshake(&machine, tcp).await {
+                        let _ = connections.send(Ok(io)).await;
+                    }
+                });
+            }
+            changed = faults.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+async fn handshake(machine: &Machine, tcp: TcpStream) -> Option<TlsIo> {
+    let _ = tcp.set_nodelay(true);
+    let (config, mut info, configured) = match machine.tls_for_connection() {
+        Ok(v) => v,
+        Err(err) => {
+            tracing::debug!(
+                error = &err as &dyn std::error::Error,
+                "no tls configuration"
+            );
+            return None;
+        }
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let stream = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp))
+        .await
+        .ok()?
+        .ok()?;
+    if configured {
+        let roles = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .map(|leaf| pki::roles_of(leaf))
+            .unwrap_or_default();
+        info.roles = Arc::new(roles);
+    }
+    Some(TlsIo { stream, info })
+}

@@ -1,0 +1,78 @@
+//! `talos-emulator --machines N --first-address 127.10.0.1 --dir DIR`: prints
+//! `listening <address>` per machine and `control <addr>`, then serves until SIGINT/SIGTERM.
+
+use std::io::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::Parser;
+use talos_emulator::{DEFAULT_API_PORT, DEFAULT_PORT, Emulator, Settings};
+
+/// Many emulated Talos machines on consecutive loopback addresses.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Number of machines.
+    #[arg(long, default_value_t = 1)]
+    machines: usize,
+    /// Address of the first machine.
+    #[arg(long, default_value = "127.10.0.1")]
+    first_address: Ipv4Addr,
+    /// Talos API port of every machine.
+    #[arg(long, default_value_t = DEFAULT_PORT)]
+    port: u16,
+    /// Kubernetes API port of a bootstrapped control plane (0: a free port).
+    #[arg(long, default_value_t = DEFAULT_API_PORT)]
+    api_port: u16,
+    /// State directory.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Address of the HTTP fault-injection interface.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    control_addr: SocketAddr,
+    /// Log filter (also env TALOS_EMULATOR_LOG).
+    #[arg(long, env = "TALOS_EMULATOR_LOG", default_value = "info")]
+    log_level: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log_level))
+        .with_writer(std::io::stderr)
+        .init();
+    let emulator = Emulator::start(Settings {
+        machines: args.machines,
+        first_address: args.first_address,
+        port: args.port,
+        api_port: args.api_port,
+        dir: args.dir,
+        control_addr: Some(args.control_addr),
+    })
+    .await
+    .context("starting the emulator")?;
+    {
+        let mut out = std::io::stdout().lock();
+        for addr in emulator.addresses() {
+            writeln!(out, "listening {addr}").context("writing to stdout")?;
+        }
+        if let Some(control) = emulator.control_addr() {
+            writeln!(out, "control {control}").context("writing to stdout")?;
+        }
+        out.flush().context("flushing stdout")?;
+    }
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        "talos emulator started"
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    emulator.shutdown().await;
+    Ok(())
+}

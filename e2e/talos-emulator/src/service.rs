@@ -1,0 +1,435 @@
+//! The gRPC services of one machine: `machine.MachineService`, `cluster.ClusterService`,
+//! `cosi.resource.State` and `storage.StorageService`. Every call first endures injected
+//! faults, then is authorized against the machine's mode and the connection's roles.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kontinuum_proto::talos::cluster::cluster_service_server::ClusterService;
+use kontinuum_proto::talos::cluster::{HealthCheckProgress, HealthCheckRequest};
+use kontinuum_proto::talos::common::Data;
+use kontinuum_proto::talos::cosi::resource::state_server::State;
+use kontinuum_proto::talos::cosi::resource::{
+    GetRequest, GetResponse, ListRequest, ListResponse, Metadata, Resource, Spec,
+};
+use kontinuum_proto::talos::machine::apply_configuration_request::Mode as ApplyMode;
+use kontinuum_proto::talos::machine::machine_service_server::MachineService;
+use kontinuum_proto::talos::machine::{
+    ApplyConfiguration, ApplyConfigurationRequest, ApplyConfigurationResponse, Bootstrap,
+    BootstrapRequest, BootstrapResponse, FeaturesInfo, PlatformInfo, Reset, ResetRequest,
+    ResetResponse, Version, VersionInfo, VersionResponse,
+};
+use kontinuum_proto::talos::storage::storage_service_server::StorageService;
+use kontinuum_proto::talos::storage::{Disk, Disks, DisksResponse};
+use kontinuum_talos_config::CertAndKey;
+use kube::Api as KubeApi;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::BoxStream;
+use tonic::{Request, Response, Status};
+
+use crate::core::{self, Access, Mode, Refusal, resources};
+use crate::machine::{Cluster, ConnInfo, Machine, internal};
+use crate::pki;
+
+/// Talos version the emulator claims to be.
+pub const TALOS_TAG: &str = "v1.13.8";
+const TALOS_SHA: &str = "3de49322";
+
+/// The services of one machine.
+#[derive(Clone)]
+pub struct Api {
+    pub(crate) machine: Arc<Machine>,
+}
+
+impl Api {
+    /// Faults, then the connection's generation, then authorization.
+    async fn admit<T>(&self, request: &Request<T>, access: Access) -> Result<Mode, Status> {
+        self.machine.endure_faults().await?;
+        let info = request
+            .extensions()
+            .get::<ConnInfo>()
+            .ok_or_else(|| Status::internal("connection info missing"))?;
+        let inner = self.machine.lock();
+        if info.generation != inner.core.generation {
+            return Err(Status::unavailable(
+                "the machine rebooted since this connection was made",
+            ));
+        }
+        let mode = inner.core.mode;
+        core::authorize(mode, &info.roles, access).map_err(Refusal::into_status)?;
+        Ok(mode)
+    }
+}
+
+#[tonic::async_trait]
+impl MachineService for Api {
+    async fn version(&self, request: Request<()>) -> Result<Response<VersionResponse>, Status> {
+        let mode = self.admit(&request, Access::Read).await?;
+        Ok(Response::new(VersionResponse {
+            messages: vec![Version {
+                metadata: None,
+                version: Some(VersionInfo {
+                    tag: TALOS_TAG.to_owned(),
+                    sha: TALOS_SHA.to_owned(),
+                    built: String::new(),
+                    go_version: "go1.25.1".to_owned(),
+                    os: "linux".to_owned(),
+                    arch: "amd64".to_owned(),
+                }),
+                platform: Some(PlatformInfo {
+                    name: "metal".to_owned(),
+                    mode: "metal".to_owned(),
+                }),
+                // Unset in maintenance mode (no config), rbac once configured.
+                features: (mode == Mode::Configured).then_some(FeaturesInfo { rbac: true }),
+            }],
+        }))
+    }
+
+    async fn apply_configuration(
+        &self,
+        request: Request<ApplyConfigurationRequest>,
+    ) -> Result<Response<ApplyConfigurationResponse>, Status> {
+        self.admit(&request, Access::Apply).await?;
+        let request = request.into_inner();
+        if request.dry_run {
+            return Err(Status::unimplemented("dry run is not emulated"));
+        }
+        let machine = Arc::clone(&self.machine);
+        let data = request.data;
+        tokio::task::spawn_blocking(move || machine.apply(&data))
+            .await
+            .map_err(|_| Status::internal("apply task failed"))??;
+        Ok(Response::new(ApplyConfigurationResponse {
+            messages: vec![ApplyConfiguration {
+                metadata: None,
+                warnings: Vec::new(),
+                // Maintenance mode turns REBOOT and AUTO into NO_REBOOT.
+                mode: ApplyMode::NoReboot.into(),
+                mode_details: "Applied configuration without a reboot".to_owned(),
+            }],
+        }))
+    }
+
+    async fn bootstrap(
+        &self,
+        request: Request<BootstrapRequest>,
+    ) -> Result<Response<BootstrapResponse>, Status> {
+        self.admit(&request, Access::Admin).await?;
+        self.machine.bootstrap()?;
+        Ok(Response::new(BootstrapResponse {
+            messages: vec![Bootstrap { metadata: None }],
+        }))
+    }
+
+    async fn kubeconfig(&self, request: Request<()>) -> Result<Response<BoxStream<Data>>, Status> {
+        self.admit(&request, Access::Admin).await?;
+        let config = self
+            .machine
+            .active_config()
+            .ok_or_else(|| Status::failed_precondition("machine is not configured"))?;
+        let (Some(key), true) = (
+            config.kubernetes_ca.key_pem.clone(),
+            config.machine_type.is_control_plane(),
+        ) else {
+            return Err(Status::unimplemented(
+                "kubeconfig is only available on control plane nodes",
+            ));
+        };
+        let server = self
+            .machine
+            .own_cluster()
+            .map_or_else(|| config.cluster_endpoint.clone(), |c| c.server.clone());
+        let ca = CertAndKey {
+            cert_pem: config.kubernetes_ca.cert_pem.clone(),
+            key_pem: key,
+        };
+        let name = config.cluster_name.as_deref().unwrap_or("talos-default");
+        let kubeconfig = pki::admin_kubeconfig(&ca, name, &server).map_err(|e| internal(&e))?;
+        let archive =
+            pki::kubeconfig_archive(kubeconfig.expose().as_bytes()).map_err(|e| internal(&e))?;
+        let chunk = Data {
+            metadata: None,
+            bytes: archive,
+        };
+        Ok(Response::new(Box::pin(tokio_stream::iter([Ok(chunk)]))))
+    }
+
+    async fn reset(
+        &self,
+        request: Request<ResetRequest>,
+    ) -> Result<Response<ResetResponse>, Status> {
+        self.admit(&request, Access::Admin).await?;
+        let request = request.into_inner();
+        let labels: Vec<String> = request
+            .system_partitions_to_wipe
+            .iter()
+            .filter(|p| p.wipe)
+            .map(|p| p.label.clone())
+            .collect();
+        let plan = core::plan_reset(&labels, &request.user_disks_to_wipe, request.mode)
+            .map_err(Refusal::into_status)?;
+        let effects = {
+            let mut inner = self.machine.lock();
+            inner
+                .core
+                .reset(&plan, &self.machine.facts)
+                .map_err(Refusal::into_status)?
+        };
+        tracing::info!(
+            instance = %self.machine.facts.address,
+            graceful = request.graceful,
+            full_wipe = plan.full_wipe,
+            "resetting"
+        );
+        // Talos replies first and resets asynchronously; the emulator finishes the teardown
+        // before replying, so that a new bootstrap never meets the old control plane.
+        self.machine
+            .carry_out(effects)
+            .await
+            .map_err(|e| internal(&e))?;
+        Ok(Response::new(ResetResponse {
+            messages: vec![Reset {
+                metadata: None,
+                actor_id: format!("reset-{}", self.machine.facts.index),
+            }],
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl ClusterService for Api {
+    async fn health_check(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<BoxStream<HealthCheckProgress>>, Status> {
+        let mode = self.admit(&request, Access::Read).await?;
+        let config = self.machine.active_config();
+        let Some(config) =
+            config.filter(|c| mode == Mode::Configured && c.machine_type.is_control_plane())
+        else {
+            return Err(Status::unimplemented(
+                "machine type is not set, cannot use cluster health check API",
+            ));
+        };
+        drop(config);
+        let wait = request
+            .get_ref()
+            .wait_timeout
+            .and_then(|d| Duration::try_from(d).ok())
+            .unwrap_or_default();
+        if wait.is_zero() {
+            return Err(Status::deadline_exceeded("context deadline exceeded"));
+        }
+        let nodes = self.machine.cluster_nodes();
+        let cluster = self.machine.own_cluster();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + wait;
+            let result =
+                tokio::time::timeout_at(deadline, run_health_check(cluster, &nodes, &tx)).await;
+            let end = match result {
+                Ok(Ok(())) => return,
+                Ok(Err(status)) => status,
+                Err(_) => Status::deadline_exceeded("context deadline exceeded"),
+            };
+            let _ = tx.send(Err(end)).await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+type Progress = tokio::sync::mpsc::Sender<Result<HealthCheckProgress, Status>>;
+
+async fn say(tx: &Progress, message: String) -> Result<(), Status> {
+    tx.send(Ok(HealthCheckProgress {
+        metadata: None,
+        message,
+    }))
+    .await
+    .map_err(|_| Status::cancelled("client went away"))
+}
+
+/// Reports `waiting for <check>: <status>` whenever a check's status changes, until every
+/// check passes. The caller bounds it with the request's wait_timeout.
+async fn run_health_check(
+    cluster: Option<Arc<Cluster>>,
+    nodes: &[(std::net::Ipv4Addr, String)],
+    tx: &Progress,
+) -> Result<(), Status> {
+    let ips: Vec<String> = nodes.iter().map(|(ip, _)| ip.to_string()).collect();
+    say(tx, format!("discovered nodes: {ips:?}")).await?;
+    let mut last: Vec<(&str, String)> = Vec::new();
+    loop {
+        let statuses = check_once(cluster.as_deref(), nodes).await;
+        let all_ok = statuses.iter().all(|(_, s)| s == "OK");
+        for (check, status) in &statuses {
+            let seen = last.iter().any(|(c, s)| c == check && s == status);
+            if !seen {
+                say(tx, format!("waiting for {check}: {status}")).await?;
+            }
+        }
+        if all_ok {
+            return Ok(());
+        }
+        last = statuses;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn check_once(
+    cluster: Option<&Cluster>,
+    nodes: &[(std::net::Ipv4Addr, String)],
+) -> Vec<(&'static str, String)> {
+    let client = match cluster {
+        None => Err("etcd is not bootstrapped".to_owned()),
+        Some(c) => c.client().await,
+    };
+    let client = match client {
+        Ok(c) => c,
+        Err(e) => {
+            return vec![
+                ("etcd to be healthy", e.clone()),
+                ("kube-apiserver to report ready", e.clone()),
+                ("all k8s nodes to report ready", e),
+            ];
+        }
+    };
+    let mut out = vec![("etcd to be healthy", "OK".to_owned())];
+    let ready = client
+        .request_text(
+            http::Request::get("/readyz")
+                .body(Vec::new())
+                .unwrap_or_default(),
+        )
+        .await;
+    out.push((
+        "kube-apiserver to report ready",
+        match ready {
+            Ok(body) if body.trim() == "ok" => "OK".to_owned(),
+            Ok(body) => body,
+            Err(e) => e.to_string(),
+        },
+    ));
+    let api: KubeApi<Node> = KubeApi::all(client);
+    let mut missing = Vec::new();
+    for (_, name) in nodes {
+        match api.get_opt(name).await {
+            Ok(Some(node)) if kontinuum_testbed::node_is_ready(&node) => {}
+            Ok(_) | Err(_) => missing.push(name.clone()),
+        }
+    }
+    out.push((
+        "all k8s nodes to report ready",
+        if missing.is_empty() {
+            "OK".to_owned()
+        } else {
+            format!("some nodes are not ready: {missing:?}")
+        },
+    ));
+    out
+}
+
+fn resource(namespace: &str, ty: &str, id: String, yaml: String) -> Resource {
+    Resource {
+        metadata: Some(Metadata {
+            namespace: namespace.to_owned(),
+            r#type: ty.to_owned(),
+            id,
+            version: "1".to_owned(),
+            owner: String::new(),
+            phase: "running".to_owned(),
+            ..Default::default()
+        }),
+        spec: Some(Spec {
+            proto_spec: Vec::new(),
+            yaml_spec: yaml,
+        }),
+    }
+}
+
+/// COSI namespaces and types the emulator serves.
+const NETWORK: &str = "network";
+const RUNTIME: &str = "runtime";
+const LINKS: &str = "LinkStatuses.net.talos.dev";
+const ADDRESSES: &str = "AddressStatuses.net.talos.dev";
+const DISKS: &str = "Disks.block.talos.dev";
+
+impl Api {
+    fn resources(&self, namespace: &str, ty: &str) -> Result<Vec<Resource>, Status> {
+        let facts = &self.machine.facts;
+        let specs = match (namespace, ty) {
+            (NETWORK, LINKS) => resources::links(facts),
+            (NETWORK, ADDRESSES) => resources::addresses(facts),
+            (RUNTIME, DISKS) => resources::disks(facts),
+            _ => {
+                return Err(Status::not_found(format!(
+                    "resource type {ty:?} in namespace {namespace:?} is not emulated"
+                )));
+            }
+        };
+        Ok(specs
+            .into_iter()
+            .map(|(id, yaml)| resource(namespace, ty, id, yaml))
+            .collect())
+    }
+}
+
+#[tonic::async_trait]
+impl State for Api {
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        self.admit(&request, Access::Read).await?;
+        let r = request.into_inner();
+        let found = self
+            .resources(&r.namespace, &r.r#type)?
+            .into_iter()
+            .find(|res| res.metadata.as_ref().is_some_and(|m| m.id == r.id))
+            .ok_or_else(|| Status::not_found(format!("resource {:?} doesn't exist", r.id)))?;
+        Ok(Response::new(GetResponse {
+            resource: Some(found),
+        }))
+    }
+
+    async fn list(
+        &self,
+        request: Request<ListRequest>,
+    ) -> Result<Response<BoxStream<ListResponse>>, Status> {
+        self.admit(&request, Access::Read).await?;
+        let r = request.into_inner();
+        let items: Vec<Result<ListResponse, Status>> = self
+            .resources(&r.namespace, &r.r#type)?
+            .into_iter()
+            .map(|resource| {
+                Ok(ListResponse {
+                    resource: Some(resource),
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(tokio_stream::iter(items))))
+    }
+}
+
+#[tonic::async_trait]
+impl StorageService for Api {
+    async fn disks(&self, request: Request<()>) -> Result<Response<DisksResponse>, Status> {
+        self.admit(&request, Access::Read).await?;
+        let d = self.machine.facts.disk();
+        Ok(Response::new(DisksResponse {
+            messages: vec![Disks {
+                metadata: None,
+                disks: vec![Disk {
+                    size: d.size,
+                    model: d.model,
+                    device_name: d.dev_path,
+                    name: d.name,
+                    serial: d.serial,
+                    r#type: 1, // SSD
+                    system_disk: true,
+                    subsystem: "/sys/class/block".to_owned(),
+                    ..Default::default()
+                }],
+            }],
+        }))
+    }
+}
