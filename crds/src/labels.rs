@@ -16,6 +16,10 @@ pub const CLAIMED_BY: &str = "kontinuum.sh/claimed-by";
 /// address.
 pub const HOSTNAME: &str = "kontinuum.sh/hostname";
 
+/// Annotation: on an Instance whose machine now presents a different TLS identity (reason
+/// `IdentityChanged`), the new identity the user accepts; instance-discovery then records
+/// it and treats the machine as discovered again.
+pub const ACCEPT_IDENTITY: &str = "kontinuum.sh/accept-identity";
 /// Label: the name of the application (`kontinuum` on the zone agent's objects).
 pub const APP_NAME: &str = "app.kubernetes.io/name";
 
