@@ -7,7 +7,7 @@ CARGO ?= cargo
 # the script is a no-op when the cache is warm and prints the bin directory.
 TESTBED_BIN = $(shell bash e2e/testbed/build-tools.sh)
 
-.PHONY: help build test fmt fmt-check clippy crds testbed testbed-smoke unit
+.PHONY: help build test fmt fmt-check clippy crds testbed testbed-smoke unit fidelity bench
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -36,5 +36,9 @@ testbed-smoke: ## Start one control plane with kontinuum-testbed, use it, stop i
 unit: ## Tests that need no test bed
 	$(CARGO) test --workspace --locked --lib --bins
 
-test: fmt-check clippy ## Everything CI runs: fmt, clippy, unit and real-test-bed tests
+fidelity: ## The Talos emulator against a client built from the official Talos protos
+	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) bash e2e/fidelity/run.sh
+
+test: fmt-check clippy ## Everything CI runs: fmt, clippy, unit, real-test-bed and fidelity tests
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) $(CARGO) test --workspace --locked --no-fail-fast
+	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) bash e2e/fidelity/run.sh

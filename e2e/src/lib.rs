@@ -389,3 +389,22 @@ pub fn audit_writes(path: &Path, user: &str) -> anyhow::Result<Vec<AuditEvent>> 
         .filter(|e| e.user.username == user)
         .collect())
 }
+
+/// A binary of this workspace, built next to the running test (`cargo test --workspace`
+/// builds every package's binaries before running any test).
+pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test>-<hash> -> target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("locating the target directory")?;
+    let path = dir.join(name);
+    if !path.is_file() {
+        bail!(
+            "{} is not built; run `cargo build -p {name}` (or `make test`)",
+            path.display()
+        );
+    }
+    Ok(path)
+}

@@ -306,56 +306,6 @@ async fn cluster_role(client: &Client) {
     .unwrap();
 }
 
-#[tokio::test]
-async fn an_idle_operator_makes_no_writes() {
-    use kontinuum_e2e::{audit_writes, service_account_kubeconfig, service_account_user};
-
-    let (client, shared) = shared_client().await.unwrap();
-    install_kontinuum_crds(&client).await.unwrap();
-    cluster_role(&client).await;
-    let ns = namespace(&client, "idle").await.unwrap();
-    instances(&client, &ns, "i", "west-1c", 3, true).await;
-    let kubeconfig = service_account_kubeconfig(&client, shared, &ns, "pool-claimer", CLUSTER_ROLE)
-        .await
-        .unwrap();
-    let user = service_account_user(&ns, "pool-claimer");
-    let _operator = start_operator(&kubeconfig, &ns).await;
-    pool(&client, &ns, "eu-west-1c", "west-1c", 2).await;
-    eventually(LIMIT, "2 claimed and Ready", || async {
-        Ok(condition(&client, &ns, "eu-west-1c", "Ready")
-            .await
-            .is_some_and(|c| c.0 == "True")
-            && claims(&client, &ns)
-                .await
-                .get("eu-west-1c")
-                .map_or(0, Vec::len)
-                == 2)
-    })
-    .await
-    .unwrap();
-    // Let the reconcile triggered by its own last write finish, then measure a quiet minute.
-    let settled = audit_writes(&shared.audit_log(), &user).unwrap().len();
-    assert!(
-        settled >= 3,
-        "the operator wrote as its own ServiceAccount ({settled} writes)"
-    );
-    tokio::time::sleep(Duration::from_secs(60)).await; // the measurement window itself
-    let after = audit_writes(&shared.audit_log(), &user).unwrap();
-    eprintln!(
-        "pool-claimer: {settled} writes to claim 2 of 3; {} while idle for 60 s",
-        after.len() - settled
-    );
-    assert_eq!(
-        after.len(),
-        settled,
-        "writes while idle: {:#?}",
-        &after[settled..]
-            .iter()
-            .map(|e| (&e.verb, &e.request_u_r_i))
-            .collect::<Vec<_>>()
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leader_writes_and_the_other_replica_takes_over() {
     use kontinuum_e2e::{audit_writes, service_account_kubeconfig, service_account_user};

@@ -151,6 +151,9 @@ impl ErrorKind {
                     io::ErrorKind::ConnectionRefused
                     | io::ErrorKind::ConnectionReset
                     | io::ErrorKind::ConnectionAborted
+                    // The peer closed the connection mid-call, e.g. a server that refused
+                    // our client certificate after a TLS 1.3 handshake.
+                    | io::ErrorKind::BrokenPipe
                     | io::ErrorKind::HostUnreachable
                     | io::ErrorKind::NetworkUnreachable
                     | io::ErrorKind::AddrNotAvailable
@@ -366,6 +369,11 @@ mod tests {
         let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
         assert_eq!(
             ErrorKind::from_transport(&refused, ErrorKind::Internal),
+            ErrorKind::Unreachable
+        );
+        let closed = io::Error::new(io::ErrorKind::BrokenPipe, "stream closed");
+        assert_eq!(
+            ErrorKind::from_transport(&closed, ErrorKind::Internal),
             ErrorKind::Unreachable
         );
         let tls = io::Error::new(io::ErrorKind::InvalidData, rustls::Error::DecryptError);
