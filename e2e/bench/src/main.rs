@@ -1,0 +1,52 @@
+//! `kontinuum-bench`: benchmarks that MEASURE and write Markdown; they assert nothing about
+//! time. One subcommand per scenario:
+//!
+//! * `talos`: the Talos emulator with many maintenance-mode machines: start-up, RSS, probe
+//!   throughput of our client, bootstrap of one cluster (issue 3, acceptance 5).
+//!
+//! Shared pieces for further scenarios (e.g. discovery/claim with the operators): the
+//! emulator as a child process ([`emulator`]), `/proc` memory ([`procfs`]), latency
+//! summaries ([`stats`]) and the report ([`report`]).
+
+mod emulator;
+mod procfs;
+mod report;
+mod stats;
+mod talos;
+
+use std::io::Write as _;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+/// Kontinuum benchmarks.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Talos emulator: start-up, RSS, maintenance probes per second, one bootstrap.
+    Talos(talos::Args),
+}
+
+/// A progress line on stderr (the report goes to stdout).
+pub(crate) fn say(message: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "kontinuum-bench: {message}");
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    kontinuum_testbed::install_crypto_provider();
+    let cli = Cli::parse();
+    let report = match cli.command {
+        Command::Talos(args) => talos::run(args).await?,
+    };
+    let mut out = std::io::stdout().lock();
+    write!(out, "{report}").context("writing to stdout")?;
+    out.flush().context("flushing stdout")?;
+    Ok(())
+}
