@@ -37,8 +37,9 @@ unit: ## Tests that need no test bed
 	$(CARGO) test --workspace --locked --lib --bins
 
 bench: ## Benchmarks (release build); Markdown figures in bench-results/
-	$(CARGO) build --release --locked -p talos-emulator
-	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) $(CARGO) run --release --locked -p kontinuum-bench -- talos --machines 1000 --concurrency 16,64 --out bench-results/talos.md
+	$(CARGO) build --release --locked -p talos-emulator -p instance-discovery -p pool-claimer -p kontinuum-bench
+	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench talos --machines 1000 --concurrency 16,64 --out bench-results/talos.md
+	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench discovery --machines 1000 --pools 10 --out bench-results/discovery.md
 
 fidelity: ## The Talos emulator against a client built from the official Talos protos
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) bash e2e/fidelity/run.sh

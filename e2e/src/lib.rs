@@ -300,6 +300,27 @@ pub async fn service_account_kubeconfig(
     name: &str,
     cluster_role: &str,
 ) -> anyhow::Result<PathBuf> {
+    service_account_kubeconfig_for(
+        client,
+        &shared.kubeconfig_yaml,
+        &shared.dir,
+        namespace,
+        name,
+        cluster_role,
+    )
+    .await
+}
+
+/// [`service_account_kubeconfig`] for any control plane: `admin_kubeconfig` gives the
+/// server and CA, the file goes to `dir`.
+pub async fn service_account_kubeconfig_for(
+    client: &Client,
+    admin_kubeconfig: &str,
+    dir: &Path,
+    namespace: &str,
+    name: &str,
+    cluster_role: &str,
+) -> anyhow::Result<PathBuf> {
     use k8s_openapi::api::authentication::v1::TokenRequest;
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
@@ -330,14 +351,14 @@ pub async fn service_account_kubeconfig(
         .context("token request without status")?
         .token
         .context("token request without a token")?;
-    let mut kubeconfig = kube::config::Kubeconfig::from_yaml(&shared.kubeconfig_yaml)?;
+    let mut kubeconfig = kube::config::Kubeconfig::from_yaml(admin_kubeconfig)?;
     for auth in &mut kubeconfig.auth_infos {
         auth.auth_info = Some(kube::config::AuthInfo {
             token: Some(token.clone().into()),
             ..kube::config::AuthInfo::default()
         });
     }
-    let path = shared.dir.join(format!("kubeconfig-{namespace}-{name}"));
+    let path = dir.join(format!("kubeconfig-{namespace}-{name}"));
     std::fs::write(&path, serde_json::to_string(&kubeconfig)?)?;
     Ok(path)
 }
@@ -407,4 +428,51 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+/// ClusterRole the chart will give instance-discovery (the chart does not exist yet; tests
+/// run the operator with exactly this, not as admin).
+pub const INSTANCE_DISCOVERY_ROLE: &str = "kontinuum-instance-discovery-e2e";
+/// ClusterRole the chart will give pool-claimer.
+pub const POOL_CLAIMER_ROLE: &str = "kontinuum-pool-claimer-e2e";
+
+/// Creates (or updates) [`INSTANCE_DISCOVERY_ROLE`] and [`POOL_CLAIMER_ROLE`].
+pub async fn install_operator_roles(client: &Client) -> anyhow::Result<()> {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let leases = serde_json::json!({ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update", "patch"] });
+    let events = serde_json::json!({ "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] });
+    let roles = [
+        (
+            INSTANCE_DISCOVERY_ROLE,
+            serde_json::json!([
+                { "apiGroups": ["kontinuum.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch"] },
+                { "apiGroups": ["kontinuum.sh"], "resources": ["instances/status"], "verbs": ["get", "patch"] },
+                events, leases
+            ]),
+        ),
+        (
+            POOL_CLAIMER_ROLE,
+            serde_json::json!([
+                { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools"], "verbs": ["get", "list", "watch", "update", "patch"] },
+                { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools/status"], "verbs": ["get", "patch"] },
+                { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools/finalizers"], "verbs": ["update"] },
+                { "apiGroups": ["kontinuum.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch", "patch"] },
+                events, leases
+            ]),
+        ),
+    ];
+    let api: Api<ClusterRole> = Api::all(client.clone());
+    for (name, rules) in roles {
+        let role: ClusterRole = serde_json::from_value(
+            serde_json::json!({ "metadata": { "name": name }, "rules": rules }),
+        )?;
+        api.patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&role),
+        )
+        .await
+        .with_context(|| format!("applying ClusterRole {name}"))?;
+    }
+    Ok(())
 }

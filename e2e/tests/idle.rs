@@ -12,63 +12,22 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use k8s_openapi::api::rbac::v1::ClusterRole;
 use kontinuum_crds::conditions;
 use kontinuum_crds::v1alpha2::{Instance, InstancePool};
 use kontinuum_e2e::testbed::unique_dir;
 use kontinuum_e2e::{
-    Operator, audit_writes, eventually, install_kontinuum_crds, namespace,
-    service_account_kubeconfig, service_account_user, shared_client, workspace_binary,
+    INSTANCE_DISCOVERY_ROLE, Operator, POOL_CLAIMER_ROLE, audit_writes, eventually,
+    install_kontinuum_crds, install_operator_roles, namespace, service_account_kubeconfig,
+    service_account_user, shared_client, workspace_binary,
 };
-use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use talos_emulator::{Emulator, Settings};
-
-/// The RBAC the chart will give each operator (the chart does not exist yet).
-async fn cluster_roles(client: &Client) {
-    let roles = [
-        (
-            "kontinuum-instance-discovery-e2e",
-            serde_json::json!([
-                { "apiGroups": ["kontinuum.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch"] },
-                { "apiGroups": ["kontinuum.sh"], "resources": ["instances/status"], "verbs": ["get", "patch"] },
-                { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
-                { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update", "patch"] }
-            ]),
-        ),
-        (
-            "kontinuum-pool-claimer-idle-e2e",
-            serde_json::json!([
-                { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools"], "verbs": ["get", "list", "watch", "update", "patch"] },
-                { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools/status"], "verbs": ["get", "patch"] },
-                { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools/finalizers"], "verbs": ["update"] },
-                { "apiGroups": ["kontinuum.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch", "patch"] },
-                { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
-                { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update", "patch"] }
-            ]),
-        ),
-    ];
-    let api: Api<ClusterRole> = Api::all(client.clone());
-    for (name, rules) in roles {
-        let role: ClusterRole = serde_json::from_value(
-            serde_json::json!({ "metadata": { "name": name }, "rules": rules }),
-        )
-        .unwrap();
-        api.patch(
-            name,
-            &PatchParams::apply("kontinuum-e2e").force(),
-            &Patch::Apply(&role),
-        )
-        .await
-        .unwrap();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_operators_make_no_writes() {
     let (client, shared) = shared_client().await.unwrap();
     install_kontinuum_crds(&client).await.unwrap();
-    cluster_roles(&client).await;
+    install_operator_roles(&client).await.unwrap();
     let ns = namespace(&client, "idle").await.unwrap();
     let emulator = Emulator::start(Settings {
         machines: 3,
@@ -107,19 +66,14 @@ async fn idle_operators_make_no_writes() {
         shared,
         &ns,
         "instance-discovery",
-        "kontinuum-instance-discovery-e2e",
+        INSTANCE_DISCOVERY_ROLE,
     )
     .await
     .unwrap();
-    let claimer_config = service_account_kubeconfig(
-        &client,
-        shared,
-        &ns,
-        "pool-claimer",
-        "kontinuum-pool-claimer-idle-e2e",
-    )
-    .await
-    .unwrap();
+    let claimer_config =
+        service_account_kubeconfig(&client, shared, &ns, "pool-claimer", POOL_CLAIMER_ROLE)
+            .await
+            .unwrap();
     // Re-probing every 2 s: the idle minute holds some 30 probes per machine.
     let _discovery = Operator::start(
         &workspace_binary("instance-discovery").unwrap(),

@@ -3,11 +3,14 @@
 //!
 //! * `talos`: the Talos emulator with many maintenance-mode machines: start-up, RSS, probe
 //!   throughput of our client, bootstrap of one cluster (issue 3, acceptance 5).
+//! * `discovery`: instance-discovery and pool-claimer at scale: time to discover N
+//!   machines and to claim them across P pools, writes per object, RSS and CPU (issue 4).
 //!
 //! Shared pieces for further scenarios (e.g. discovery/claim with the operators): the
 //! emulator as a child process ([`emulator`]), `/proc` memory ([`procfs`]), latency
 //! summaries ([`stats`]) and the report ([`report`]).
 
+mod discovery;
 mod emulator;
 mod procfs;
 mod report;
@@ -31,6 +34,8 @@ struct Cli {
 enum Command {
     /// Talos emulator: start-up, RSS, maintenance probes per second, one bootstrap.
     Talos(talos::Args),
+    /// instance-discovery and pool-claimer: N machines discovered, then claimed by P pools.
+    Discovery(discovery::Args),
 }
 
 /// A progress line on stderr (the report goes to stdout).
@@ -44,6 +49,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let report = match cli.command {
         Command::Talos(args) => talos::run(args).await?,
+        Command::Discovery(args) => discovery::run(args).await?,
     };
     let mut out = std::io::stdout().lock();
     write!(out, "{report}").context("writing to stdout")?;

@@ -278,50 +278,30 @@ async fn racing_pools_never_claim_an_instance_twice() {
     }
 }
 
-/// What the chart will grant pool-claimer (the chart does not exist yet; this is its RBAC,
-/// so the operator runs with least privilege rather than as admin).
-const CLUSTER_ROLE: &str = "kontinuum-pool-claimer-e2e";
-
-async fn cluster_role(client: &Client) {
-    use k8s_openapi::api::rbac::v1::ClusterRole;
-    let role: ClusterRole = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": CLUSTER_ROLE },
-        "rules": [
-            { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools"], "verbs": ["get", "list", "watch", "update", "patch"] },
-            { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools/status"], "verbs": ["get", "patch", "update"] },
-            { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools/finalizers"], "verbs": ["update"] },
-            { "apiGroups": ["kontinuum.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch", "patch"] },
-            { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
-            { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update", "patch"] }
-        ]
-    }))
-    .unwrap();
-    let api: Api<ClusterRole> = Api::all(client.clone());
-    api.patch(
-        CLUSTER_ROLE,
-        &PatchParams::apply("kontinuum-e2e").force(),
-        &Patch::Apply(&role),
-    )
-    .await
-    .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leader_writes_and_the_other_replica_takes_over() {
     use kontinuum_e2e::{audit_writes, service_account_kubeconfig, service_account_user};
 
     let (client, shared) = shared_client().await.unwrap();
     install_kontinuum_crds(&client).await.unwrap();
-    cluster_role(&client).await;
+    kontinuum_e2e::install_operator_roles(&client)
+        .await
+        .unwrap();
     let ns = namespace(&client, "leader").await.unwrap();
     instances(&client, &ns, "l", "west-1d", 6, true).await;
     let bin = Path::new(env!("CARGO_BIN_EXE_pool-claimer"));
     let mut replicas = Vec::new();
     for id in ["a", "b"] {
         let name = format!("pool-claimer-{id}");
-        let kubeconfig = service_account_kubeconfig(&client, shared, &ns, &name, CLUSTER_ROLE)
-            .await
-            .unwrap();
+        let kubeconfig = service_account_kubeconfig(
+            &client,
+            shared,
+            &ns,
+            &name,
+            kontinuum_e2e::POOL_CLAIMER_ROLE,
+        )
+        .await
+        .unwrap();
         let args = [
             "--namespace",
             &ns,
