@@ -36,6 +36,24 @@ pub fn kube_error_class(err: &kube::Error) -> ErrorClass {
     }
 }
 
+/// The error policy every controller shares: log the failure with its chain, count it by
+/// reason, and retry the object after its own exponential backoff.
+pub fn retry_after_backoff<E: ReconcileError>(
+    object: &str,
+    err: &E,
+    metrics: &crate::metrics::ControllerMetrics,
+    backoff: &crate::backoff::Backoff,
+) -> kube::runtime::controller::Action {
+    tracing::warn!(
+        object,
+        reason = err.reason(),
+        error = err as &dyn std::error::Error,
+        "reconcile failed"
+    );
+    metrics.failure(err.reason());
+    kube::runtime::controller::Action::requeue(backoff.next(object))
+}
+
 /// An error and every source, joined with `: ` (for condition messages and Events).
 pub fn chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();

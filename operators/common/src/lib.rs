@@ -9,7 +9,8 @@
 //! * [`status`]: server-side apply of `/status`, skipped when nothing but timestamps changed;
 //! * [`events`]: Kubernetes Events for transitions a human should notice;
 //! * [`error`]: the stable `reason()` and transient/permanent class of reconcile errors;
-//! * [`backoff`]: per-object exponential backoff for failed reconciles.
+//! * [`backoff`]: per-object exponential backoff for failed reconciles;
+//! * [`operator`]: all of the above around a binary's controllers, for its `main`.
 #![warn(missing_docs)]
 
 pub mod admin;
@@ -19,6 +20,7 @@ pub mod error;
 pub mod events;
 pub mod leader;
 pub mod metrics;
+pub mod operator;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;

@@ -36,7 +36,7 @@ use kontinuum_crds::v1alpha2::{
 };
 use kontinuum_operator_common::admin::{Readiness, track_sync};
 use kontinuum_operator_common::backoff::Backoff;
-use kontinuum_operator_common::error::ReconcileError;
+use kontinuum_operator_common::error::{ReconcileError, retry_after_backoff};
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
@@ -370,15 +370,13 @@ fn key(instance: &Instance) -> String {
     )
 }
 
-/// Logs the failure, counts it, and backs off per Instance.
+/// Logs the failure, counts it, and backs off per instance.
 #[allow(
     clippy::needless_pass_by_value,
     reason = "the signature Controller::run requires"
 )]
 pub fn error_policy(instance: Arc<Instance>, err: &Error, ctx: Arc<Ctx>) -> Action {
-    warn!(instance = %instance.name_any(), reason = err.reason(), error = err as &dyn std::error::Error, "reconcile failed");
-    ctx.metrics.failure(err.reason());
-    Action::requeue(ctx.backoff.next(&key(&instance)))
+    retry_after_backoff(&key(&instance), err, &ctx.metrics, &ctx.backoff)
 }
 
 /// Runs the controller until `shutdown` triggers. `namespace` limits the watch.

@@ -1,21 +1,13 @@
 //! `instance-discovery`: probes unclaimed Instances in Talos maintenance mode. See the
 //! crate docs.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::Parser;
 use instance_discovery::{CONTROLLER, Ctx, Settings, talos_prober};
-use kontinuum_operator_common::admin::{self, Readiness};
 use kontinuum_operator_common::args::CommonArgs;
 use kontinuum_operator_common::backoff::Backoff;
-use kontinuum_operator_common::events::Events;
-use kontinuum_operator_common::leader::Leadership;
-use kontinuum_operator_common::metrics::ControllerMetrics;
-use kontinuum_operator_common::shutdown::{Reason, Shutdown};
-use kontinuum_operator_common::{install_crypto_provider, telemetry};
-use prometheus_client::registry::Registry;
+use kontinuum_operator_common::{install_crypto_provider, operator};
 
 #[derive(Parser)]
 #[command(
@@ -43,52 +35,30 @@ struct Cli {
 async fn main() -> anyhow::Result<()> {
     install_crypto_provider();
     let cli = Cli::parse();
-    let args = cli.common;
-    telemetry::init(args.log_level, args.log_format, env!("CARGO_CRATE_NAME"))
-        .map_err(|e| anyhow::anyhow!("setting up logging: {e}"))?;
     let settings = Settings {
         dial_timeout: Duration::from_secs(cli.dial_timeout_seconds),
         reprobe_interval: Duration::from_secs(cli.reprobe_seconds),
         retry_interval: Duration::from_secs(cli.retry_seconds),
         concurrency: cli.concurrency,
     };
-    let identity = args.identity();
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), namespace = ?args.namespace, identity = %identity, ?settings, "starting");
-    let client = args.client().await.context("connecting to the hub")?;
-    let shutdown = Shutdown::on_signals().context("installing signal handlers")?;
-    let readiness = Readiness::new(args.leader.leader_elect);
-    let mut registry = Registry::default();
-    let metrics = ControllerMetrics::register(&mut registry, CONTROLLER);
-    let admin = tokio::spawn(admin::serve(
-        args.admin_addr,
-        admin::router(readiness.clone(), Arc::new(registry)),
-        shutdown.clone(),
-    ));
-    let mut leadership = Leadership::start(
-        client.clone(),
-        &args.leader,
+    let namespace = cli.common.namespace.clone();
+    operator::main(
+        &cli.common,
         CONTROLLER,
-        identity.clone(),
-        readiness.clone(),
-        shutdown.clone(),
+        env!("CARGO_CRATE_NAME"),
+        |rt| async move {
+            tracing::info!(?settings, "probing");
+            let ctx = Ctx {
+                client: rt.client,
+                prober: talos_prober(),
+                settings,
+                metrics: rt.metrics,
+                events: rt.events,
+                backoff: Backoff::default(),
+            };
+            instance_discovery::run(ctx, namespace.as_deref(), rt.readiness, rt.shutdown).await;
+        },
     )
-    .await
-    .context("starting leader election")?;
-    tokio::select! {
-        () = leadership.acquired() => {
-            let events = Events::new(client.clone(), CONTROLLER, Some(identity));
-            let ctx = Ctx { client, prober: talos_prober(), settings, metrics, events, backoff: Backoff::default() };
-            instance_discovery::run(ctx, args.namespace.as_deref(), readiness, shutdown.clone()).await;
-        }
-        () = shutdown.wait() => {}
-    }
-    shutdown.trigger(Reason::Signal);
-    admin
-        .await
-        .context("admin server task")?
-        .context("admin server")?;
-    match shutdown.reason() {
-        Some(Reason::Fatal(why)) => anyhow::bail!("stopped: {why}"),
-        _ => Ok(()),
-    }
+    .await?;
+    Ok(())
 }

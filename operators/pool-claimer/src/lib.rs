@@ -26,7 +26,7 @@ use kontinuum_crds::reasons::{InstancePoolCondition as Cond, InstancePoolReason 
 use kontinuum_crds::v1alpha2::{Instance, InstancePool, InstancePoolStatus};
 use kontinuum_operator_common::admin::{Readiness, track_sync};
 use kontinuum_operator_common::backoff::Backoff;
-use kontinuum_operator_common::error::{ErrorClass, ReconcileError, chain};
+use kontinuum_operator_common::error::{ErrorClass, ReconcileError, chain, retry_after_backoff};
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
@@ -499,9 +499,7 @@ fn key(pool: &InstancePool) -> String {
     reason = "the signature Controller::run requires"
 )]
 pub fn error_policy(pool: Arc<InstancePool>, err: &Error, ctx: Arc<Ctx>) -> Action {
-    warn!(pool = %pool.name_any(), reason = err.reason(), error = err as &dyn std::error::Error, "reconcile failed");
-    ctx.metrics.failure(err.reason());
-    Action::requeue(ctx.backoff.next(&key(&pool)))
+    retry_after_backoff(&key(&pool), err, &ctx.metrics, &ctx.backoff)
 }
 
 /// The pools an Instance event concerns: those of its namespace whose selector matches it,
