@@ -12,7 +12,16 @@ pub fn delay(base: Duration, max: Duration, attempt: u32) -> Duration {
         .map_or(max, |d| d.min(max))
 }
 
-/// Failure counts by object key (e.g. `namespace/name`).
+/// The key of an object for [`Backoff`]: `namespace/name`.
+pub fn object_key<K: kube::ResourceExt>(object: &K) -> String {
+    format!(
+        "{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
+}
+
+/// Failure counts by object key (see [`object_key`]).
 #[derive(Debug)]
 pub struct Backoff {
     base: Duration,

@@ -35,7 +35,7 @@ use kontinuum_crds::v1alpha2::{
     DiskStatus, Instance, InstanceStatus, InterfaceStatus, TalosStatus,
 };
 use kontinuum_operator_common::admin::{Readiness, track_sync};
-use kontinuum_operator_common::backoff::Backoff;
+use kontinuum_operator_common::backoff::{Backoff, object_key};
 use kontinuum_operator_common::error::{ReconcileError, retry_after_backoff};
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
@@ -335,7 +335,7 @@ pub async fn reconcile(instance: Arc<Instance>, ctx: Arc<Ctx>) -> Result<Action,
     {
         report_transition(&instance, &desired, &ctx).await;
     }
-    ctx.backoff.reset(&key(&instance));
+    ctx.backoff.reset(&object_key(instance.as_ref()));
     let discovered = conditions::is_true(&desired.conditions, Cond::Discovered);
     Ok(Action::requeue(if discovered {
         ctx.settings.reprobe_interval
@@ -362,21 +362,18 @@ async fn report_transition(instance: &Instance, status: &InstanceStatus, ctx: &C
     }
 }
 
-fn key(instance: &Instance) -> String {
-    format!(
-        "{}/{}",
-        instance.namespace().unwrap_or_default(),
-        instance.name_any()
-    )
-}
-
 /// Logs the failure, counts it, and backs off per instance.
 #[allow(
     clippy::needless_pass_by_value,
     reason = "the signature Controller::run requires"
 )]
 pub fn error_policy(instance: Arc<Instance>, err: &Error, ctx: Arc<Ctx>) -> Action {
-    retry_after_backoff(&key(&instance), err, &ctx.metrics, &ctx.backoff)
+    retry_after_backoff(
+        &object_key(instance.as_ref()),
+        err,
+        &ctx.metrics,
+        &ctx.backoff,
+    )
 }
 
 /// Runs the controller until `shutdown` triggers. `namespace` limits the watch.

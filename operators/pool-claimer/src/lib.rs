@@ -25,7 +25,7 @@ use kontinuum_crds::labels::CLAIMED_BY;
 use kontinuum_crds::reasons::{InstancePoolCondition as Cond, InstancePoolReason as Reason};
 use kontinuum_crds::v1alpha2::{Instance, InstancePool, InstancePoolStatus};
 use kontinuum_operator_common::admin::{Readiness, track_sync};
-use kontinuum_operator_common::backoff::Backoff;
+use kontinuum_operator_common::backoff::{Backoff, object_key};
 use kontinuum_operator_common::error::{ErrorClass, ReconcileError, chain, retry_after_backoff};
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
@@ -375,7 +375,7 @@ async fn apply(pool: &InstancePool, ctx: &Ctx) -> Result<Action, Error> {
             )
             .await;
     }
-    ctx.backoff.reset(&key(pool));
+    ctx.backoff.reset(&object_key(pool));
     Ok(Action::requeue(if short { WAIT } else { RESYNC }))
 }
 
@@ -485,21 +485,13 @@ pub async fn set_claim(
     }
 }
 
-fn key(pool: &InstancePool) -> String {
-    format!(
-        "{}/{}",
-        pool.namespace().unwrap_or_default(),
-        pool.name_any()
-    )
-}
-
 /// Logs the failure, counts it, and backs off per pool.
 #[allow(
     clippy::needless_pass_by_value,
     reason = "the signature Controller::run requires"
 )]
 pub fn error_policy(pool: Arc<InstancePool>, err: &Error, ctx: Arc<Ctx>) -> Action {
-    retry_after_backoff(&key(&pool), err, &ctx.metrics, &ctx.backoff)
+    retry_after_backoff(&object_key(pool.as_ref()), err, &ctx.metrics, &ctx.backoff)
 }
 
 /// The pools an Instance event concerns: those of its namespace whose selector matches it,
