@@ -35,6 +35,9 @@ use crate::error::{Error, ErrorKind, ProtocolError, Rpc};
 use crate::kubeconfig::{self, Kubeconfig};
 use crate::tls::{self, ClientIdentity, PeerCertificate};
 
+/// How much later than our own bound the deadline we send to the server is.
+const DEADLINE_GRACE: Duration = Duration::from_secs(1);
+
 /// Largest gRPC message either way; Talos' `GRPCMaxMessageSize`.
 pub const MAX_MESSAGE_SIZE: usize = 32 * 1024 * 1024;
 
@@ -237,7 +240,10 @@ impl TalosClient {
 
     fn request<T>(&self, message: T, timeout: Duration) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
-        request.set_timeout(timeout);
+        // The server learns our deadline, plus a grace: our own bound (`bounded`) must fire
+        // first, so a hung call is always our TimedOut, never a race with the server's or
+        // tonic's deadline error.
+        request.set_timeout(timeout + DEADLINE_GRACE);
         if let Some(node) = &self.node {
             request.metadata_mut().insert("node", node.clone());
         }
