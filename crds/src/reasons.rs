@@ -306,6 +306,15 @@ vocabulary! {
         /// `status.secretRef` names a Secret that no longer exists. The secrets bundle is
         /// never regenerated (machines trust its CAs): a human must restore it.
         SecretsBundleMissing,
+        /// The requested Talos version (`spec.talos.version`, or one a machine reports) has
+        /// no machine-config contract this operator can render.
+        UnsupportedTalosVersion,
+        /// A Secret of the same name, owned by an earlier cluster of the same name, still
+        /// exists; waiting for the garbage collector to remove it.
+        StaleSecret,
+        /// A machine configuration could not be rendered or applied; the message names the
+        /// Instance.
+        ConfigFailed,
         /// Bootstrap is in progress: the API server is not reachable, or the control plane
         /// is not healthy yet.
         Bootstrapping,

@@ -18,6 +18,8 @@ use kube::{Client, ResourceExt as _};
 
 pub use kontinuum_testbed as testbed;
 
+pub mod bootstrapper;
+
 /// Field manager of everything the tests apply.
 pub const FIELD_MANAGER: &str = "kontinuum-e2e";
 

@@ -25,9 +25,9 @@ pub use kontinuum::{
     KontinuumStatus, LogConfig, OidcConfig, ServerConfig,
 };
 pub use talos_cluster::{
-    ControlPlane, ControlPlaneStatus, KUBECONFIG_KEY, KubernetesSettings, SECRETS_BUNDLE_KEY,
-    TalosCluster, TalosClusterSpec, TalosClusterStatus, TalosSettings, WorkerPool,
-    WorkerPoolStatus,
+    ControlPlane, ControlPlaneStatus, KUBECONFIG_KEY, KubernetesSettings, MachineTeardown,
+    SECRETS_BUNDLE_KEY, TalosCluster, TalosClusterSpec, TalosClusterStatus, TalosSettings,
+    TeardownOutcome, WorkerPool, WorkerPoolStatus,
 };
 pub use zone::{Zone, ZoneClusterTemplate, ZoneSeed, ZoneSpec, ZoneStatus};
 

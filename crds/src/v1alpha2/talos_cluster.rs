@@ -191,6 +191,61 @@ pub struct TalosClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub workers: Vec<WorkerPoolStatus>,
+
+    /// Instances that were given a machine configuration of this cluster. Teardown resets
+    /// every one of them, even one whose pool released it first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub configured_instances: Vec<String>,
+
+    /// While the cluster is being deleted: what happened to each machine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["instance"]))]
+    pub teardown: Vec<MachineTeardown>,
+}
+
+/// What teardown did to one machine.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineTeardown {
+    /// The Instance.
+    pub instance: String,
+    /// `Reset` (back in maintenance mode), `Skipped` (never configured, nothing to reset),
+    /// `Unreachable` (the machine did not answer; retried until the deadline) or `Failed`
+    /// (the machine refused the reset; retried until the deadline).
+    pub outcome: TeardownOutcome,
+    /// Details, e.g. the error of the last attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The outcome of tearing down one machine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum TeardownOutcome {
+    /// Not handled yet.
+    #[default]
+    Pending,
+    /// Reset to maintenance mode.
+    Reset,
+    /// Never configured: nothing to reset.
+    Skipped,
+    /// Did not answer; retried until the deadline.
+    Unreachable,
+    /// Refused the reset; retried until the deadline.
+    Failed,
+}
+
+impl TeardownOutcome {
+    /// The API token.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Reset => "Reset",
+            Self::Skipped => "Skipped",
+            Self::Unreachable => "Unreachable",
+            Self::Failed => "Failed",
+        }
+    }
 }
 
 /// Members of a cluster's control plane.

@@ -5,11 +5,14 @@
 //!   throughput of our client, bootstrap of one cluster (issue 3, acceptance 5).
 //! * `discovery`: instance-discovery and pool-claimer at scale: time to discover N
 //!   machines and to claim them across P pools, writes per object, RSS and CPU (issue 4).
+//! * `bootstrap`: TalosCluster creation to `Ready` through the operators, per step, against
+//!   the same steps driven directly by the client library (issue 5).
 //!
 //! Shared pieces for further scenarios (e.g. discovery/claim with the operators): the
 //! emulator as a child process ([`emulator`]), `/proc` memory ([`procfs`]), latency
 //! summaries ([`stats`]) and the report ([`report`]).
 
+mod bootstrap;
 mod discovery;
 mod emulator;
 mod procfs;
@@ -36,6 +39,8 @@ enum Command {
     Talos(talos::Args),
     /// instance-discovery and pool-claimer: N machines discovered, then claimed by P pools.
     Discovery(discovery::Args),
+    /// talos-bootstrapper: TalosCluster creation to Ready, per step, against the client floor.
+    Bootstrap(bootstrap::Args),
 }
 
 /// A progress line on stderr (the report goes to stdout).
@@ -50,6 +55,7 @@ async fn main() -> anyhow::Result<()> {
     let report = match cli.command {
         Command::Talos(args) => talos::run(args).await?,
         Command::Discovery(args) => discovery::run(args).await?,
+        Command::Bootstrap(args) => bootstrap::run(args).await?,
     };
     let mut out = std::io::stdout().lock();
     write!(out, "{report}").context("writing to stdout")?;

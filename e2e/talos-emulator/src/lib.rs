@@ -169,6 +169,13 @@ impl Emulator {
             )));
         }
 
+        // Bootstrapped control planes come back after a restart, as after a reboot.
+        for machine in &shared.machines {
+            if let Err(status) = machine.restart_control_plane() {
+                tracing::warn!(instance = %machine.facts.address, error = %status.message(), "restarting a control plane failed");
+            }
+        }
+
         let control_addr = match settings.control_addr {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)
@@ -211,6 +218,13 @@ impl Emulator {
     /// The mode of the machine at `address` (IP), if it is one of ours.
     pub fn mode(&self, address: Ipv4Addr) -> Option<Mode> {
         find(&self.shared, &address.to_string()).map(|m| m.mode())
+    }
+
+    /// How many Bootstrap calls the machine at `address` (IP) received since the emulator
+    /// started (answered or refused, after authentication).
+    pub fn bootstrap_calls(&self, address: Ipv4Addr) -> Option<u32> {
+        find(&self.shared, &address.to_string())
+            .map(|m| m.bootstrap_calls.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Injects a fault into the machine at `address` (IP).

@@ -178,7 +178,18 @@ pub struct Machine {
     pub(crate) faults: watch::Sender<Faults>,
     pub(crate) cluster: Mutex<Option<Arc<Cluster>>>,
     shared: Weak<Shared>,
+    /// Bootstrap RPCs that passed admission (successful or not), for tests.
+    pub(crate) bootstrap_calls: std::sync::atomic::AtomicU32,
 }
+
+/// Written at Bootstrap, removed by a wipe: etcd has data, and the API server's port, so a
+/// restarted emulator brings the control plane back as a rebooted Talos node does.
+#[derive(Serialize, Deserialize)]
+struct BootstrapFile {
+    api_port: u16,
+}
+
+const BOOTSTRAP_FILE: &str = "bootstrap.json";
 
 #[derive(Serialize, Deserialize)]
 struct StateFile {
@@ -255,12 +266,18 @@ impl Machine {
             }
             Err(_) => None,
         };
+        let bootstrap = std::fs::read(dir.join(BOOTSTRAP_FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<BootstrapFile>(&b).ok())
+            .filter(|_| configured && config.is_some());
+        let mut core = Core::restored(config, configured);
+        core.bootstrapped = bootstrap.is_some();
         Ok(Self {
             facts,
             dir,
             port: AtomicU16::new(port),
             inner: Mutex::new(Inner {
-                core: Core::restored(config, configured),
+                core,
                 maintenance_key,
                 maintenance_tls: None,
                 configured_tls: None,
@@ -268,6 +285,7 @@ impl Machine {
             faults: watch::Sender::new(Faults::default()),
             cluster: Mutex::new(None),
             shared,
+            bootstrap_calls: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -393,16 +411,46 @@ impl Machine {
 
     /// Bootstrap: starts the real control plane in the background.
     pub(crate) fn bootstrap(self: &Arc<Self>) -> Result<(), tonic::Status> {
+        self.bootstrap_calls.fetch_add(1, Ordering::Relaxed);
+        let tools = self.tools()?;
+        self.lock().core.bootstrap().map_err(Refusal::into_status)?;
+        self.start_control_plane(tools, None)
+    }
+
+    /// After an emulator restart: a bootstrapped control plane starts its cluster again on
+    /// the same API port, as a rebooted Talos node restarts etcd and the API server.
+    pub(crate) fn restart_control_plane(self: &Arc<Self>) -> Result<(), tonic::Status> {
+        let bootstrapped = self.lock().core.bootstrapped;
+        if !bootstrapped {
+            return Ok(());
+        }
+        let port = std::fs::read(self.dir.join(BOOTSTRAP_FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<BootstrapFile>(&b).ok())
+            .map(|f| f.api_port);
+        let tools = self.tools()?;
+        tracing::info!(instance = %self.facts.address, "restarting the bootstrapped control plane");
+        self.start_control_plane(tools, port)
+    }
+
+    fn tools(&self) -> Result<Tools, tonic::Status> {
         let shared = self.shared().ok_or_else(stopping)?;
-        let tools = shared.tools().map_err(|e| {
+        shared.tools().map_err(|e| {
             tonic::Status::failed_precondition(format!(
                 "control plane binaries unavailable: {}",
                 kontinuum_testbed::error_chain(&e)
             ))
-        })?;
+        })
+    }
+
+    fn start_control_plane(
+        self: &Arc<Self>,
+        tools: Tools,
+        port: Option<u16>,
+    ) -> Result<(), tonic::Status> {
+        let shared = self.shared().ok_or_else(stopping)?;
         let (config, hostname) = {
-            let mut inner = self.lock();
-            inner.core.bootstrap().map_err(Refusal::into_status)?;
+            let inner = self.lock();
             let config = inner.core.active_config().cloned();
             (config, inner.core.hostname(&self.facts))
         };
@@ -416,11 +464,18 @@ impl Machine {
                 pki::testbed_ca(&config.kubernetes_ca.cert_pem, key).map_err(|e| internal(&e))
             })?;
         let address = IpAddr::V4(self.facts.address);
-        let port = match shared.api_port {
+        let port = match port.unwrap_or(shared.api_port) {
             0 => kontinuum_testbed::free_port(address)
                 .map_err(|e| internal(&Error::Testbed(Box::new(e))))?,
             p => p,
         };
+        let record = serde_json::to_vec(&BootstrapFile { api_port: port }).map_err(|source| {
+            internal(&Error::State {
+                address: self.facts.address.to_string(),
+                source,
+            })
+        })?;
+        write_private(&self.dir.join(BOOTSTRAP_FILE), &record).map_err(|e| internal(&e))?;
         let cluster = Arc::new(Cluster {
             id: config.cluster_id.clone(),
             server: format!("https://{}", SocketAddr::new(address, port)),
@@ -483,6 +538,9 @@ impl Machine {
         }
         if effects.wipe_config {
             remove(&self.dir.join(CONFIG_FILE))?;
+        }
+        if effects.stop_control_plane || effects.wipe_config {
+            remove(&self.dir.join(BOOTSTRAP_FILE))?;
         }
         self.persist_state(false)?;
         if effects.forget_identity {

@@ -8,16 +8,20 @@
 //! * [`shutdown`]: one SIGTERM/SIGINT signal shared by controllers, admin server and lease;
 //! * [`status`]: server-side apply of `/status`, skipped when nothing but timestamps changed;
 //! * [`events`]: Kubernetes Events for transitions a human should notice;
+//! * [`finalizer`]: adding and removing a finalizer, for cleanups that wait;
 //! * [`error`]: the stable `reason()` and transient/permanent class of reconcile errors;
 //! * [`backoff`]: per-object exponential backoff for failed reconciles;
+//! * [`claims`]: the compare-and-set claim label of Instances;
 //! * [`operator`]: all of the above around a binary's controllers, for its `main`.
 #![warn(missing_docs)]
 
 pub mod admin;
 pub mod args;
 pub mod backoff;
+pub mod claims;
 pub mod error;
 pub mod events;
+pub mod finalizer;
 pub mod leader;
 pub mod metrics;
 pub mod operator;

@@ -114,3 +114,24 @@ where
         _ => Ok(()),
     }
 }
+
+/// Drains a controller's result stream (`Controller::run`) until it ends. Failures were
+/// already logged, counted and backed off by the error policy; what is left (e.g. an object
+/// that vanished) is logged at debug.
+pub async fn drain<S, T, E>(results: S)
+where
+    S: futures::Stream<Item = Result<T, E>>,
+    E: std::error::Error + 'static,
+{
+    use futures::StreamExt as _;
+    results
+        .for_each_concurrent(None, |result| async move {
+            if let Err(error) = result {
+                tracing::debug!(
+                    error = &error as &dyn std::error::Error,
+                    "reconcile did not finish"
+                );
+            }
+        })
+        .await;
+}

@@ -267,6 +267,15 @@ pub fn status(
     next
 }
 
+/// The part of a status this controller owns: everything but other controllers' conditions.
+pub fn owned(status: &InstanceStatus) -> InstanceStatus {
+    let mut owned = status.clone();
+    owned
+        .conditions
+        .retain(|c| c.type_ == Cond::Discovered.as_str() || c.type_ == Cond::Ready.as_str());
+    owned
+}
+
 fn set(conditions: &mut Vec<Condition>, condition: Condition, now: &Time) {
     conditions::set(conditions, condition, now);
 }
@@ -328,11 +337,16 @@ pub async fn reconcile(instance: Arc<Instance>, ctx: Arc<Ctx>) -> Result<Action,
     };
     let before = reason_of(current);
     let after = reason_of(Some(&desired));
-    if apply_status(&api, &name, FIELD_MANAGER, current, &desired)
-        .await
-        .map_err(Error::PatchStatus)?
-        && before != after
-    {
+    // Only this controller's fields are sent: conditions of other owners (the
+    // talos-bootstrapper's `Configured`/`Joined`) must not become co-owned, or their owner
+    // could never remove them.
+    let changed = current.is_none_or(|c| !conditions::status_eq_ignoring_time(c, &desired));
+    if changed {
+        apply_status(&api, &name, FIELD_MANAGER, None, &owned(&desired))
+            .await
+            .map_err(Error::PatchStatus)?;
+    }
+    if changed && before != after {
         report_transition(&instance, &desired, &ctx).await;
     }
     ctx.backoff.reset(&object_key(instance.as_ref()));

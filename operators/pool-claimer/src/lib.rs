@@ -13,11 +13,9 @@
 //! * Never: claims an Instance that is not `Discovered=True` or that another pool holds, or
 //!   writes anything else on an Instance.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kontinuum_crds::conditions::{self, ConditionStatus};
@@ -26,12 +24,13 @@ use kontinuum_crds::reasons::{InstancePoolCondition as Cond, InstancePoolReason 
 use kontinuum_crds::v1alpha2::{Instance, InstancePool, InstancePoolStatus};
 use kontinuum_operator_common::admin::{Readiness, track_sync};
 use kontinuum_operator_common::backoff::{Backoff, object_key};
+use kontinuum_operator_common::claims::set_claim;
 use kontinuum_operator_common::error::{ErrorClass, ReconcileError, chain, retry_after_backoff};
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
 use kontinuum_operator_common::status::apply_status;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::ListParams;
 use kube::core::{Selector, SelectorExt as _};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
@@ -303,7 +302,7 @@ async fn apply(pool: &InstancePool, ctx: &Ctx) -> Result<Action, Error> {
             .iter()
             .find(|i| &i.name_any() == instance)
             .and_then(ResourceExt::resource_version);
-        if set_claim(&instances, instance, rv, None)
+        if set_claim(&instances, instance, rv, None, FIELD_MANAGER)
             .await
             .map_err(|source| Error::Release {
                 instance: instance.clone(),
@@ -330,7 +329,7 @@ async fn apply(pool: &InstancePool, ctx: &Ctx) -> Result<Action, Error> {
             .instances
             .get(&ObjectRef::new(instance).within(&ns))
             .and_then(|i| i.resource_version());
-        let won = set_claim(&instances, instance, rv, Some(&name))
+        let won = set_claim(&instances, instance, rv, Some(&name), FIELD_MANAGER)
             .await
             .map_err(|source| Error::Claim {
                 instance: instance.clone(),
@@ -431,6 +430,7 @@ async fn cleanup(pool: &InstancePool, ctx: &Ctx) -> Result<Action, Error> {
             &instance_name,
             instance.resource_version(),
             None,
+            FIELD_MANAGER,
         )
         .await
         .map_err(|source| Error::Release {
@@ -458,31 +458,6 @@ async fn cleanup(pool: &InstancePool, ctx: &Ctx) -> Result<Action, Error> {
             .await;
     }
     Ok(Action::await_change())
-}
-
-/// Compare-and-set of the claim label: `Some(pool)` claims, `None` releases. The patch
-/// carries `resource_version`, so it fails with 409 if the Instance changed since it was
-/// read. Returns whether this write won (false on a lost race or a vanished Instance).
-pub async fn set_claim(
-    api: &Api<Instance>,
-    instance: &str,
-    resource_version: Option<String>,
-    pool: Option<&str>,
-) -> Result<bool, kube::Error> {
-    let mut labels = BTreeMap::new();
-    labels.insert(CLAIMED_BY, pool);
-    let patch = serde_json::json!({
-        "metadata": { "resourceVersion": resource_version, "labels": labels }
-    });
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_string()),
-        ..PatchParams::default()
-    };
-    match api.patch(instance, &params, &Patch::Merge(&patch)).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(false),
-        Err(e) => Err(e),
-    }
 }
 
 /// Logs the failure, counts it, and backs off per pool.
@@ -550,21 +525,15 @@ pub async fn run(
         backoff: Backoff::default(),
     });
     let mapper_pools = pools.clone();
-    controller
-        .watches_stream(instance_events, move |instance| {
-            pools_for(&instance, &mapper_pools.state())
-        })
-        .graceful_shutdown_on(async move { shutdown.wait().await })
-        .run(reconcile, error_policy, ctx)
-        .for_each_concurrent(None, |result| async move {
-            if let Err(error) = result {
-                tracing::debug!(
-                    error = &error as &dyn std::error::Error,
-                    "reconcile did not finish"
-                );
-            }
-        })
-        .await;
+    kontinuum_operator_common::operator::drain(
+        controller
+            .watches_stream(instance_events, move |instance| {
+                pools_for(&instance, &mapper_pools.state())
+            })
+            .graceful_shutdown_on(async move { shutdown.wait().await })
+            .run(reconcile, error_policy, ctx),
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -1,0 +1,310 @@
+//! talos-bootstrapper test support: the ClusterRole the chart will give it, and a rig that
+//! runs a zone's hub objects (Instances, InstancePools, a TalosCluster) against the Talos
+//! emulator with instance-discovery, pool-claimer and talos-bootstrapper as processes.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::Secret;
+use kontinuum_crds::conditions;
+use kontinuum_crds::v1alpha2::{Addon, Instance, InstancePool, TalosCluster};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt as _};
+
+use crate::{FIELD_MANAGER, Operator, eventually, service_account_kubeconfig, testbed};
+
+/// ClusterRole the chart will give talos-bootstrapper.
+pub const TALOS_BOOTSTRAPPER_ROLE: &str = "kontinuum-talos-bootstrapper-e2e";
+
+/// Creates (or updates) [`TALOS_BOOTSTRAPPER_ROLE`] (and the roles of
+/// [`crate::install_operator_roles`]).
+pub async fn install_role(client: &Client) -> anyhow::Result<()> {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    crate::install_operator_roles(client).await?;
+    let rules = serde_json::json!([
+        { "apiGroups": ["kontinuum.sh"], "resources": ["talosclusters"], "verbs": ["get", "list", "watch", "update", "patch"] },
+        { "apiGroups": ["kontinuum.sh"], "resources": ["talosclusters/status"], "verbs": ["get", "patch"] },
+        { "apiGroups": ["kontinuum.sh"], "resources": ["talosclusters/finalizers"], "verbs": ["update"] },
+        { "apiGroups": ["kontinuum.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch", "patch", "delete"] },
+        { "apiGroups": ["kontinuum.sh"], "resources": ["instances/status"], "verbs": ["get", "patch"] },
+        { "apiGroups": ["kontinuum.sh"], "resources": ["addons"], "verbs": ["get", "list", "watch", "create"] },
+        { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools"], "verbs": ["get", "list", "watch"] },
+        { "apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch", "create", "patch", "update"] },
+        { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
+        { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update", "patch"] },
+    ]);
+    let role: ClusterRole = serde_json::from_value(
+        serde_json::json!({ "metadata": { "name": TALOS_BOOTSTRAPPER_ROLE }, "rules": rules }),
+    )?;
+    Api::<ClusterRole>::all(client.clone())
+        .patch(
+            TALOS_BOOTSTRAPPER_ROLE,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&role),
+        )
+        .await
+        .context("applying the talos-bootstrapper ClusterRole")?;
+    Ok(())
+}
+
+/// Creates Instance `name` dialled at `address`, labelled `role=<role>`.
+pub async fn create_instance(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    address: Ipv4Addr,
+    role: &str,
+) -> anyhow::Result<()> {
+    let instance: Instance = serde_json::from_value(serde_json::json!({
+        "apiVersion": "kontinuum.sh/v1alpha2", "kind": "Instance",
+        "metadata": { "name": name, "labels": { "role": role } },
+        "spec": { "interfaces": [address.to_string()] }
+    }))?;
+    Api::<Instance>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &instance)
+        .await
+        .with_context(|| format!("creating Instance {name}"))?;
+    Ok(())
+}
+
+/// The TalosCluster `name` with a control-plane pool of `control_planes` and, when
+/// `workers > 0`, one worker pool `w` of `workers`; pools select Instances by `role`
+/// label. The pools are owned by the cluster, as the zone fan-out makes them.
+pub async fn create_cluster(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    control_planes: i32,
+    workers: i32,
+    unregister: bool,
+) -> anyhow::Result<TalosCluster> {
+    let mut spec = serde_json::json!({
+        "controlPlane": { "poolRef": { "name": format!("{name}-cp") } },
+        "talos": { "version": "v1.13.0" },
+        "teardown": { "unregisterInstances": unregister },
+    });
+    if workers > 0 {
+        spec["workers"] =
+            serde_json::json!([{ "name": "w", "poolRef": { "name": format!("{name}-w") } }]);
+    }
+    let cluster: TalosCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "kontinuum.sh/v1alpha2", "kind": "TalosCluster",
+        "metadata": { "name": name },
+        "spec": spec,
+    }))?;
+    let cluster = Api::<TalosCluster>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &cluster)
+        .await
+        .context("creating the TalosCluster")?;
+    let owner = serde_json::json!([{
+        "apiVersion": "kontinuum.sh/v1alpha2", "kind": "TalosCluster",
+        "name": name, "uid": cluster.uid(), "controller": true, "blockOwnerDeletion": true
+    }]);
+    let pools: Api<InstancePool> = Api::namespaced(client.clone(), ns);
+    for (suffix, role, replicas) in [("cp", "cp", control_planes), ("w", "worker", workers)] {
+        if replicas == 0 {
+            continue;
+        }
+        let pool: InstancePool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kontinuum.sh/v1alpha2", "kind": "InstancePool",
+            "metadata": { "name": format!("{name}-{suffix}"), "ownerReferences": owner },
+            "spec": { "replicas": replicas, "selector": { "matchLabels": { "role": role } } }
+        }))?;
+        pools
+            .create(&PostParams::default(), &pool)
+            .await
+            .with_context(|| format!("creating InstancePool {name}-{suffix}"))?;
+    }
+    Ok(cluster)
+}
+
+/// Sets an Addon's `Ready` condition, as the addon-installer would (status only).
+pub async fn set_addon_ready(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    ready: bool,
+) -> anyhow::Result<()> {
+    let (status, reason, message) = if ready {
+        ("True", "Ready", "installed and healthy")
+    } else {
+        (
+            "False",
+            "NotHealthy",
+            "kube-system/example-0 is Running but not Ready",
+        )
+    };
+    let patch = serde_json::json!({
+        "apiVersion": "kontinuum.sh/v1alpha2", "kind": "Addon",
+        "status": { "conditions": [{
+            "type": "Ready", "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+        }]}
+    });
+    Api::<Addon>::namespaced(client.clone(), ns)
+        .patch_status(
+            name,
+            &PatchParams::apply("addon-stand-in.e2e").force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .with_context(|| format!("setting Addon {name} Ready={ready}"))?;
+    Ok(())
+}
+
+/// Marks every Addon of `ns` `Ready` as soon as it exists, until dropped: the test's stand-in
+/// for the addon-installer (which coordinates only through this status).
+pub struct AddonsReady(tokio::task::JoinHandle<()>);
+
+impl AddonsReady {
+    /// Starts marking.
+    pub fn start(client: Client, ns: String) -> Self {
+        Self(tokio::spawn(async move {
+            let api: Api<Addon> = Api::namespaced(client.clone(), &ns);
+            loop {
+                if let Ok(list) = api.list(&ListParams::default()).await {
+                    for addon in list.items {
+                        let ready = addon
+                            .status
+                            .as_ref()
+                            .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"));
+                        if !ready && addon.metadata.deletion_timestamp.is_none() {
+                            let _ = set_addon_ready(&client, &ns, &addon.name_any(), true).await;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }))
+    }
+}
+
+impl Drop for AddonsReady {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A condition of a TalosCluster: `(status, reason, message)`.
+pub async fn cluster_condition(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
+    let cluster = Api::<TalosCluster>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .ok()?;
+    let c = conditions::get(&cluster.status?.conditions, type_)?.clone();
+    Some((c.status, c.reason, c.message))
+}
+
+/// Waits until the cluster's condition `type_` has `status`.
+pub async fn wait_cluster(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+    status: &str,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let waited = eventually(
+        limit,
+        &format!("TalosCluster {name} {type_}={status}"),
+        || async {
+            Ok(cluster_condition(client, ns, name, type_)
+                .await
+                .is_some_and(|c| c.0 == status))
+        },
+    )
+    .await;
+    if let Err(err) = waited {
+        let conditions = Api::<TalosCluster>::namespaced(client.clone(), ns)
+            .get(name)
+            .await
+            .ok()
+            .and_then(|c| c.status)
+            .map(|s| s.conditions);
+        anyhow::bail!("{err:#}; conditions now: {conditions:#?}");
+    }
+    Ok(())
+}
+
+/// The kubeconfig the bootstrapper stored for cluster `name`.
+pub async fn stored_kubeconfig(client: &Client, ns: &str, name: &str) -> anyhow::Result<String> {
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get(&format!("taloscluster-{name}"))
+        .await?;
+    let bytes = secret
+        .data
+        .and_then(|d| d.get("kubeconfig").cloned())
+        .context("no kubeconfig key")?;
+    Ok(String::from_utf8(bytes.0)?)
+}
+
+/// Starts the three operators (instance-discovery, pool-claimer, talos-bootstrapper) for
+/// `ns`, each as its own ServiceAccount. `bootstrapper` is the talos-bootstrapper binary
+/// (tests pass `CARGO_BIN_EXE_talos-bootstrapper`); `extra` go to it.
+pub async fn start_operators(
+    client: &Client,
+    shared: &testbed::Shared,
+    ns: &str,
+    bootstrapper: &Path,
+    extra: &[&str],
+) -> anyhow::Result<(Vec<Operator>, PathBuf)> {
+    install_role(client).await?;
+    let mut running = Vec::new();
+    for (name, role, args) in [
+        (
+            "instance-discovery",
+            crate::INSTANCE_DISCOVERY_ROLE,
+            vec![
+                "--reprobe-seconds",
+                "60",
+                "--retry-seconds",
+                "1",
+                "--dial-timeout-seconds",
+                "3",
+            ],
+        ),
+        ("pool-claimer", crate::POOL_CLAIMER_ROLE, vec![]),
+    ] {
+        let kubeconfig = service_account_kubeconfig(client, shared, ns, name, role).await?;
+        let mut all = vec!["--namespace", ns];
+        all.extend(args);
+        running
+            .push(Operator::start(&crate::workspace_binary(name)?, name, &kubeconfig, &all).await?);
+    }
+    let kubeconfig = service_account_kubeconfig(
+        client,
+        shared,
+        ns,
+        "talos-bootstrapper",
+        TALOS_BOOTSTRAPPER_ROLE,
+    )
+    .await?;
+    running.push(start_bootstrapper(bootstrapper, &kubeconfig, ns, extra).await?);
+    Ok((running, kubeconfig))
+}
+
+/// Starts (or restarts) talos-bootstrapper for `ns` with test-friendly bounds.
+pub async fn start_bootstrapper(
+    bin: &Path,
+    kubeconfig: &Path,
+    ns: &str,
+    extra: &[&str],
+) -> anyhow::Result<Operator> {
+    let mut args = vec![
+        "--namespace",
+        ns,
+        "--service-account-key-bits",
+        "2048",
+        "--retry-seconds",
+        "1",
+    ];
+    args.extend(extra);
+    Operator::start(bin, "talos-bootstrapper", kubeconfig, &args).await
+}

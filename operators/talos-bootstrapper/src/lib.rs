@@ -1,0 +1,267 @@
+//! talos-bootstrapper: turns the claimed machines of a `TalosCluster` from Talos maintenance
+//! mode into a running Kubernetes cluster, and back into maintenance mode on deletion.
+//!
+//! Two controllers run in this binary:
+//!
+//! * [`cluster`] reconciles `TalosCluster`s. It owns the cluster's status (conditions
+//!   `Bootstrapped`, `KubeconfigAvailable`, `ControlPlaneReady`, `AddonsReady`, `Ready`,
+//!   `Deleting`), its Secret `taloscluster-<name>` (keys `secrets-bundle`, created once and
+//!   never regenerated, and `kubeconfig`), the built-in Addons `<cluster>-<release>` it seeds,
+//!   the Instance conditions `Configured`, `Joined` and `Ready` of its members, and the
+//!   finalizer `kontinuum.sh/talos-bootstrapper` (teardown: reset workers, then the control
+//!   plane, then release or delete the Instances). Field manager
+//!   `talos-bootstrapper.kontinuum.sh`. Triggered by TalosCluster changes and by changes of
+//!   the Instances, Addons and Secrets it depends on (mapped to their cluster), so progress
+//!   is event-driven. Never touches an Instance another cluster's pool holds, or the spec of
+//!   an Addon it did not create.
+//! * [`reset`] reconciles `Instance`s claimed by a pool that a TalosCluster uses. It owns the
+//!   finalizer `kontinuum.sh/instance-reset`: an Instance deleted while its machine is
+//!   configured is reset to maintenance mode first (bounded by the teardown deadline).
+//!
+//! Every Talos call is bounded by `--talos-connect-timeout-seconds` and
+//! `--talos-rpc-timeout-seconds`; the cluster health check by
+//! `--health-check-timeout-seconds`.
+
+pub mod cluster;
+pub mod downstream;
+pub mod machines;
+pub mod plan;
+pub mod reset;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kontinuum_crds::v1alpha2::{Addon, Instance, TalosCluster};
+use kontinuum_operator_common::admin::{Readiness, track_sync};
+use kontinuum_operator_common::backoff::Backoff;
+use kontinuum_operator_common::error::{ErrorClass, ReconcileError, kube_error_class};
+use kontinuum_operator_common::events::Events;
+use kontinuum_operator_common::metrics::ControllerMetrics;
+use kontinuum_operator_common::shutdown::Shutdown;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client};
+
+/// The controller's name.
+pub const CONTROLLER: &str = "talos-bootstrapper";
+/// Field manager of everything this operator writes.
+pub const FIELD_MANAGER: &str = "talos-bootstrapper.kontinuum.sh";
+/// Steady-state resync, a safety net for missed watch events.
+pub const RESYNC: Duration = Duration::from_secs(600);
+
+/// Settings of the operator.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// How machines are reached.
+    pub dialer: machines::Dialer,
+    /// How often a ready control plane's health is checked again.
+    pub health_interval: Duration,
+    /// Requeue while waiting for something outside Kubernetes (a machine, the API server).
+    pub retry: Duration,
+    /// How long teardown keeps trying before it removes its finalizer anyway.
+    pub teardown_timeout: Duration,
+    /// After a Bootstrap call whose outcome was lost (a crash, a timeout), how long to wait
+    /// for the cluster's API server before calling Bootstrap again.
+    pub bootstrap_grace: Duration,
+    /// Bits of the Kubernetes service-account RSA key in new secrets bundles.
+    pub rsa_bits: usize,
+}
+
+/// What a reconcile needs.
+pub struct Ctx {
+    /// Hub client.
+    pub client: Client,
+    /// Every Instance, from a reflector.
+    pub instances: Store<Instance>,
+    /// Every Addon, from a reflector.
+    pub addons: Store<Addon>,
+    /// Every TalosCluster, from a reflector.
+    pub clusters: Store<TalosCluster>,
+    /// Settings.
+    pub settings: Settings,
+    /// Reconcile metrics.
+    pub metrics: Arc<ControllerMetrics>,
+    /// Event publisher.
+    pub events: Events,
+    /// Per-object backoff after failures.
+    pub backoff: Backoff,
+    /// When each cluster's control plane last passed its health check (by UID).
+    pub last_healthy: std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>,
+}
+
+/// What can go wrong in a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Kubernetes API call failed.
+    #[error("failed to {what}")]
+    Kube {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// A Talos call failed.
+    #[error("talos api of {instance}")]
+    Talos {
+        /// The Instance.
+        instance: String,
+        /// The cause.
+        #[source]
+        source: kontinuum_talos::Error,
+    },
+    /// A member has no address to dial.
+    #[error("instance {instance} has no address: neither status.address nor spec.interfaces")]
+    NoAddress {
+        /// The Instance.
+        instance: String,
+    },
+    /// The secrets bundle could not be generated, parsed or used.
+    #[error("talos secrets bundle")]
+    Secrets(#[source] kontinuum_talos_config::SecretsError),
+    /// The Secret holds no usable secrets bundle.
+    #[error("secret {secret} holds no usable secrets bundle under key secrets-bundle")]
+    BadSecret {
+        /// The Secret.
+        secret: String,
+    },
+    /// A machine reports a Talos version no machine config can be rendered for.
+    #[error("instance {instance} runs a talos version this operator cannot configure")]
+    MachineVersion {
+        /// The Instance.
+        instance: String,
+        /// The cause.
+        #[source]
+        source: kontinuum_talos_config::VersionError,
+    },
+    /// Rendering a machine config failed.
+    #[error("rendering the machine config of {instance}")]
+    Config {
+        /// The Instance.
+        instance: String,
+        /// The cause.
+        #[source]
+        source: Box<kontinuum_talos_config::ConfigError>,
+    },
+    /// The cluster's own API server could not be asked.
+    #[error("asking the cluster's API server")]
+    Downstream(#[source] Box<downstream::DownstreamError>),
+    /// A blocking task died.
+    #[error("a background task failed")]
+    Join,
+}
+
+impl Error {
+    pub(crate) fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
+        let what = what.into();
+        move |source| Self::Kube { what, source }
+    }
+}
+
+impl ReconcileError for Error {
+    fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube { .. } => "KubeApiFailed",
+            Error::Talos { source, .. } => source.reason(),
+            Error::NoAddress { .. } => "NoAddress",
+            Error::Secrets(_) | Error::BadSecret { .. } => "SecretsBundleFailed",
+            Error::MachineVersion { .. } => "UnsupportedTalosVersion",
+            Error::Config { .. } => "ConfigFailed",
+            Error::Join => "TaskFailed",
+            Error::Downstream(_) => "DownstreamUnreachable",
+        }
+    }
+
+    fn class(&self) -> ErrorClass {
+        match self {
+            Error::Kube { source, .. } => kube_error_class(source),
+            Error::Talos { source, .. } if source.is_transient() => ErrorClass::Transient,
+            Error::Talos { .. }
+            | Error::NoAddress { .. }
+            | Error::Secrets(_)
+            | Error::BadSecret { .. }
+            | Error::MachineVersion { .. }
+            | Error::Config { .. } => ErrorClass::Permanent,
+            Error::Join | Error::Downstream(_) => ErrorClass::Transient,
+        }
+    }
+}
+
+/// Runs both controllers until `shutdown` triggers. `namespace` limits the watches.
+pub async fn run(
+    client: Client,
+    namespace: Option<&str>,
+    settings: Settings,
+    metrics: Arc<ControllerMetrics>,
+    events: Events,
+    readiness: Readiness,
+    shutdown: Shutdown,
+) {
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let (instances, instance_writer) = reflector::store();
+    let instance_events = track_sync(
+        watcher(
+            api::<Instance>(&client, namespace),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
+        &readiness,
+    )
+    .reflect(instance_writer)
+    .touched_objects();
+    let (addons, addon_writer) = reflector::store();
+    let addon_events = track_sync(
+        watcher(api::<Addon>(&client, namespace), watcher::Config::default()).default_backoff(),
+        &readiness,
+    )
+    .reflect(addon_writer)
+    .touched_objects();
+    let (clusters, cluster_writer) = reflector::store();
+    let cluster_events = track_sync(
+        watcher(
+            api::<TalosCluster>(&client, namespace),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
+        &readiness,
+    )
+    .reflect(cluster_writer)
+    .applied_objects();
+
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        instances,
+        addons,
+        clusters,
+        settings,
+        metrics,
+        events,
+        backoff: Backoff::default(),
+        last_healthy: std::sync::Mutex::default(),
+    });
+    let secrets = api::<k8s_openapi::api::core::v1::Secret>(&client, namespace);
+    let clusters_done = cluster::run(
+        Arc::clone(&ctx),
+        cluster_events,
+        instance_events,
+        addon_events,
+        secrets,
+        &readiness,
+        shutdown.clone(),
+    );
+    let resets_done = reset::run(
+        ctx,
+        api::<Instance>(&client, namespace),
+        &readiness,
+        shutdown,
+    );
+    futures::future::join(clusters_done, resets_done).await;
+}

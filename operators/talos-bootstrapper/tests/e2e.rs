@@ -1,0 +1,636 @@
+//! talos-bootstrapper as a host process against the real test bed, with the Talos emulator
+//! (real downstream control planes), instance-discovery and pool-claimer running. Until the
+//! addon-installer runs here, the test sets Addon `Ready` where the installer would: the
+//! operators coordinate only through that status.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::large_futures,
+    clippy::too_many_lines
+)]
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kontinuum_crds::conditions;
+use kontinuum_crds::labels::CLAIMED_BY;
+use kontinuum_crds::v1alpha2::{Addon, Instance, InstancePool, TalosCluster};
+use kontinuum_e2e::bootstrapper::{
+    AddonsReady, cluster_condition, create_cluster, create_instance, set_addon_ready,
+    start_bootstrapper, start_operators, stored_kubeconfig, wait_cluster,
+};
+use kontinuum_e2e::testbed::unique_dir;
+use kontinuum_e2e::{eventually, install_kontinuum_crds, namespace, shared_client};
+use kube::api::{Api, DeleteParams, ListParams};
+use kube::{Client, ResourceExt};
+use talos_emulator::{Emulator, Fault, Mode, Settings};
+
+/// Downstream control planes are heavy (≈500 MiB, seconds of CPU each): one test at a time.
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_talos-bootstrapper"))
+}
+
+async fn emulator(first: Ipv4Addr, machines: usize, dir: &Path) -> Emulator {
+    Emulator::start(Settings {
+        machines,
+        first_address: first,
+        port: 50000,
+        api_port: 6443,
+        dir: dir.to_path_buf(),
+        control_addr: None,
+    })
+    .await
+    .unwrap()
+}
+
+/// The shared hub with the CRDs, a fresh namespace, and an emulator of `machines` machines
+/// from `first`.
+async fn rig(
+    prefix: &str,
+    first: Ipv4Addr,
+    machines: usize,
+) -> (
+    Client,
+    &'static kontinuum_e2e::testbed::Shared,
+    String,
+    Emulator,
+    PathBuf,
+) {
+    let (client, shared) = shared_client().await.unwrap();
+    install_kontinuum_crds(&client).await.unwrap();
+    let ns = namespace(&client, prefix).await.unwrap();
+    let dir = unique_dir(&format!("emulator-{prefix}"));
+    let emu = emulator(first, machines, &dir).await;
+    (client, shared, ns, emu, dir)
+}
+
+fn addr(first: Ipv4Addr, i: u8) -> Ipv4Addr {
+    let [a, b, c, _] = first.octets();
+    Ipv4Addr::new(a, b, c, i)
+}
+
+async fn addon_names(client: &Client, ns: &str) -> Vec<String> {
+    let mut names: Vec<String> = Api::<Addon>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|a| a.metadata.deletion_timestamp.is_none())
+        .map(ResourceExt::name_any)
+        .collect();
+    names.sort();
+    names
+}
+
+async fn instance(client: &Client, ns: &str, name: &str) -> Option<Instance> {
+    Api::<Instance>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+fn condition(instance: &Instance, type_: &str) -> Option<(String, String)> {
+    let c = conditions::get(&instance.status.as_ref()?.conditions, type_)?;
+    Some((c.status.clone(), c.reason.clone()))
+}
+
+async fn gone<K>(api: &Api<K>, what: &str)
+where
+    K: kube::Resource + Clone + for<'de> k8s_openapi::serde::Deserialize<'de> + std::fmt::Debug,
+{
+    eventually(LIMIT, what, || async {
+        Ok(api.list(&ListParams::default()).await?.items.is_empty())
+    })
+    .await
+    .unwrap();
+}
+
+async fn downstream_nodes(client: &Client, ns: &str, cluster: &str) -> Vec<(String, bool)> {
+    let Ok(kubeconfig) = stored_kubeconfig(client, ns, cluster).await else {
+        return Vec::new();
+    };
+    let Ok(down) = kontinuum_e2e::testbed::client_from(&kubeconfig).await else {
+        return Vec::new();
+    };
+    let Ok(nodes) = Api::<Node>::all(down).list(&ListParams::default()).await else {
+        return Vec::new();
+    };
+    nodes
+        .items
+        .iter()
+        .map(|n| (n.name_any(), kontinuum_e2e::testbed::node_is_ready(n)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_control_plane_to_ready_never_latched_and_back_to_maintenance() {
+    let _heavy = HEAVY.lock().await;
+    let first = Ipv4Addr::new(127, 91, 0, 1);
+    let (client, shared, ns, emu, _) = rig("tb-single", first, 1).await;
+    create_instance(&client, &ns, "m-1", first, "cp")
+        .await
+        .unwrap();
+    let (_operators, _) = start_operators(&client, shared, &ns, bin(), &[])
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let cluster = create_cluster(&client, &ns, "eu-1a", 1, 0, false)
+        .await
+        .unwrap();
+
+    // Bootstrapped, kubeconfig stored, and it reaches the downstream API server.
+    wait_cluster(&client, &ns, "eu-1a", "Bootstrapped", "True", LIMIT)
+        .await
+        .unwrap();
+    wait_cluster(&client, &ns, "eu-1a", "KubeconfigAvailable", "True", LIMIT)
+        .await
+        .unwrap();
+    eventually(
+        LIMIT,
+        "the downstream node m-1 through the stored kubeconfig",
+        || async {
+            Ok(downstream_nodes(&client, &ns, "eu-1a")
+                .await
+                .iter()
+                .any(|(n, _)| n == "m-1"))
+        },
+    )
+    .await
+    .unwrap();
+    let m1 = instance(&client, &ns, "m-1").await.unwrap();
+    assert_eq!(condition(&m1, "Configured").unwrap().0, "True");
+    assert_eq!(emu.mode(first), Some(Mode::Configured));
+
+    // The first two built-ins are seeded, owned by the cluster; Cilium gates the control plane.
+    eventually(LIMIT, "gateway-api-crds and cilium seeded", || async {
+        Ok(addon_names(&client, &ns).await == ["eu-1a-cilium", "eu-1a-gateway-api-crds"])
+    })
+    .await
+    .unwrap();
+    let addons: Api<Addon> = Api::namespaced(client.clone(), &ns);
+    for name in ["eu-1a-cilium", "eu-1a-gateway-api-crds"] {
+        let addon = addons.get(name).await.unwrap();
+        let owner = addon.owner_references().first().cloned().unwrap();
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("TalosCluster", cluster.uid().unwrap().as_str(), Some(true))
+        );
+    }
+    let (_, reason, message) = cluster_condition(&client, &ns, "eu-1a", "ControlPlaneReady")
+        .await
+        .unwrap();
+    assert_eq!(reason, "WaitingForCni", "{message}");
+    set_addon_ready(&client, &ns, "eu-1a-cilium", true)
+        .await
+        .unwrap();
+    wait_cluster(&client, &ns, "eu-1a", "ControlPlaneReady", "True", LIMIT)
+        .await
+        .unwrap();
+    eventually(
+        LIMIT,
+        "cert-manager seeded after ControlPlaneReady",
+        || async {
+            Ok(addon_names(&client, &ns)
+                .await
+                .contains(&"eu-1a-cert-manager".to_owned()))
+        },
+    )
+    .await
+    .unwrap();
+    let (status, reason, message) = cluster_condition(&client, &ns, "eu-1a", "Ready")
+        .await
+        .unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "AddonNotHealthy"),
+        "{message}"
+    );
+    for name in ["eu-1a-gateway-api-crds", "eu-1a-cert-manager"] {
+        set_addon_ready(&client, &ns, name, true).await.unwrap();
+    }
+    wait_cluster(&client, &ns, "eu-1a", "Ready", "True", LIMIT)
+        .await
+        .unwrap();
+    eprintln!("creation to Ready: {:?}", started.elapsed());
+    let m1 = instance(&client, &ns, "m-1").await.unwrap();
+    assert_eq!(condition(&m1, "Joined").unwrap().0, "True");
+    assert_eq!(
+        condition(&m1, "Ready").unwrap(),
+        ("True".into(), "Healthy".into())
+    );
+
+    // Never latched: an Addon not ready turns Ready False again, and back.
+    set_addon_ready(&client, &ns, "eu-1a-cert-manager", false)
+        .await
+        .unwrap();
+    wait_cluster(&client, &ns, "eu-1a", "Ready", "False", LIMIT)
+        .await
+        .unwrap();
+    let (_, _, message) = cluster_condition(&client, &ns, "eu-1a", "Ready")
+        .await
+        .unwrap();
+    assert!(message.contains("cert-manager: NotHealthy"), "{message}");
+    set_addon_ready(&client, &ns, "eu-1a-cert-manager", true)
+        .await
+        .unwrap();
+    wait_cluster(&client, &ns, "eu-1a", "Ready", "True", LIMIT)
+        .await
+        .unwrap();
+
+    // A deleted built-in is re-seeded (a new object), and Ready waits for it.
+    let old_uid = addons.get("eu-1a-gateway-api-crds").await.unwrap().uid();
+    addons
+        .delete("eu-1a-gateway-api-crds", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(LIMIT, "gateway-api-crds re-seeded", || async {
+        Ok(addons
+            .get_opt("eu-1a-gateway-api-crds")
+            .await?
+            .is_some_and(|a| a.uid() != old_uid))
+    })
+    .await
+    .unwrap();
+    wait_cluster(&client, &ns, "eu-1a", "Ready", "False", LIMIT)
+        .await
+        .unwrap();
+    set_addon_ready(&client, &ns, "eu-1a-gateway-api-crds", true)
+        .await
+        .unwrap();
+    wait_cluster(&client, &ns, "eu-1a", "Ready", "True", LIMIT)
+        .await
+        .unwrap();
+
+    // Teardown: the machine back in maintenance mode, the Instance released, the children
+    // collected by the real garbage collector, every finalizer gone.
+    let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
+    clusters
+        .delete("eu-1a", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(LIMIT, "the TalosCluster gone", || async {
+        Ok(clusters.get_opt("eu-1a").await?.is_none())
+    })
+    .await
+    .unwrap();
+    assert_eq!(emu.mode(first), Some(Mode::Maintenance));
+    gone(
+        &Api::<InstancePool>::namespaced(client.clone(), &ns),
+        "the InstancePool collected",
+    )
+    .await;
+    eventually(LIMIT, "m-1 released by its pool", || async {
+        Ok(instance(&client, &ns, "m-1")
+            .await
+            .is_some_and(|i| !i.labels().contains_key(CLAIMED_BY) && i.finalizers().is_empty()))
+    })
+    .await
+    .unwrap();
+    let m1 = instance(&client, &ns, "m-1").await.unwrap();
+    for type_ in ["Configured", "Joined"] {
+        assert!(
+            condition(&m1, type_).is_none(),
+            "{type_} cleared: {:#?} {:#?}",
+            m1.status,
+            m1.metadata.managed_fields
+        );
+    }
+    gone(
+        &Api::<InstancePool>::namespaced(client.clone(), &ns),
+        "the InstancePool collected",
+    )
+    .await;
+    gone(&addons, "the Addons collected").await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    eventually(LIMIT, "the cluster Secret collected", || async {
+        Ok(secrets.get_opt("taloscluster-eu-1a").await?.is_none())
+    })
+    .await
+    .unwrap();
+    // Released, the machine is found again in maintenance mode.
+    eventually(LIMIT, "m-1 discovered again", || async {
+        Ok(instance(&client, &ns, "m-1")
+            .await
+            .and_then(|i| condition(&i, "Ready"))
+            .is_some_and(|c| c.0 == "True"))
+    })
+    .await
+    .unwrap();
+    emu.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_join_and_unregistered_machines_are_reset_and_deleted() {
+    let _heavy = HEAVY.lock().await;
+    let first = Ipv4Addr::new(127, 92, 0, 1);
+    let (client, shared, ns, emu, _) = rig("tb-workers", first, 3).await;
+    create_instance(&client, &ns, "cp-1", first, "cp")
+        .await
+        .unwrap();
+    create_instance(&client, &ns, "w-1", addr(first, 2), "worker")
+        .await
+        .unwrap();
+    create_instance(&client, &ns, "w-2", addr(first, 3), "worker")
+        .await
+        .unwrap();
+    let (_operators, _) = start_operators(&client, shared, &ns, bin(), &[])
+        .await
+        .unwrap();
+    let _addons = AddonsReady::start(client.clone(), ns.clone());
+    create_cluster(&client, &ns, "eu-1b", 1, 2, true)
+        .await
+        .unwrap();
+    wait_cluster(&client, &ns, "eu-1b", "Ready", "True", LIMIT)
+        .await
+        .unwrap();
+    eventually(LIMIT, "both workers configured and joined", || async {
+        for w in ["w-1", "w-2"] {
+            let Some(i) = instance(&client, &ns, w).await else {
+                return Ok(false);
+            };
+            if condition(&i, "Configured").is_none_or(|c| c.0 != "True")
+                || condition(&i, "Joined").is_none_or(|c| c.0 != "True")
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })
+    .await
+    .unwrap();
+    eventually(LIMIT, "three Ready nodes downstream", || async {
+        let nodes = downstream_nodes(&client, &ns, "eu-1b").await;
+        Ok(["cp-1", "w-1", "w-2"]
+            .iter()
+            .all(|n| nodes.iter().any(|(m, ready)| m == n && *ready)))
+    })
+    .await
+    .unwrap();
+    eventually(LIMIT, "the cluster status counts the workers", || async {
+        let cluster = Api::<TalosCluster>::namespaced(client.clone(), &ns)
+            .get("eu-1b")
+            .await?;
+        let status = cluster.status.unwrap_or_default();
+        Ok(status
+            .workers
+            .first()
+            .is_some_and(|w| w.joined_replicas == 2)
+            && status.configured_instances == ["cp-1", "w-1", "w-2"])
+    })
+    .await
+    .unwrap();
+
+    // instance-reset: deleting a configured member's Instance resets its machine first.
+    let instances: Api<Instance> = Api::namespaced(client.clone(), &ns);
+    eventually(
+        LIMIT,
+        "w-2 carries the instance-reset finalizer",
+        || async {
+            Ok(instance(&client, &ns, "w-2").await.is_some_and(|i| {
+                i.finalizers()
+                    .iter()
+                    .any(|f| f == "kontinuum.sh/instance-reset")
+            }))
+        },
+    )
+    .await
+    .unwrap();
+    instances
+        .delete("w-2", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(LIMIT, "w-2 reset, then its Instance gone", || async {
+        Ok(instances.get_opt("w-2").await?.is_none())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        emu.mode(addr(first, 3)),
+        Some(Mode::Maintenance),
+        "w-2 reset before deletion"
+    );
+
+    // unregisterInstances: every machine reset, every Instance deleted.
+    Api::<TalosCluster>::namespaced(client.clone(), &ns)
+        .delete("eu-1b", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(
+        &Api::<Instance>::namespaced(client.clone(), &ns),
+        "the Instances deleted",
+    )
+    .await;
+    gone(
+        &Api::<TalosCluster>::namespaced(client.clone(), &ns),
+        "the TalosCluster gone",
+    )
+    .await;
+    for i in 1..=3 {
+        assert_eq!(
+            emu.mode(addr(first, i)),
+            Some(Mode::Maintenance),
+            "machine {i}"
+        );
+    }
+    emu.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_a_hung_apply_a_restarted_emulator_and_an_unreachable_teardown() {
+    let _heavy = HEAVY.lock().await;
+    let first = Ipv4Addr::new(127, 93, 0, 1);
+    let (client, shared, ns, emu, dir) = rig("tb-faults", first, 1).await;
+    create_instance(&client, &ns, "m-1", first, "cp")
+        .await
+        .unwrap();
+    let (_operators, _) = start_operators(
+        &client,
+        shared,
+        &ns,
+        bin(),
+        &[
+            "--talos-rpc-timeout-seconds",
+            "2",
+            "--teardown-timeout-seconds",
+            "20",
+        ],
+    )
+    .await
+    .unwrap();
+    let _addons = AddonsReady::start(client.clone(), ns.clone());
+
+    // 1. ApplyConfiguration hangs: the call times out, is retried, converges once cleared.
+    eventually(LIMIT, "m-1 discovered", || async {
+        Ok(instance(&client, &ns, "m-1")
+            .await
+            .and_then(|i| condition(&i, "Discovered"))
+            .is_some_and(|c| c.0 == "True"))
+    })
+    .await
+    .unwrap();
+    emu.inject(first, Fault::Hang { seconds: 600 })
+        .await
+        .unwrap();
+    create_cluster(&client, &ns, "eu-1c", 1, 0, false)
+        .await
+        .unwrap();
+    eventually(
+        LIMIT,
+        "Configured=False TalosApiUnreachable after the timeout",
+        || async {
+            Ok(instance(&client, &ns, "m-1")
+                .await
+                .and_then(|i| condition(&i, "Configured"))
+                == Some(("False".into(), "TalosApiUnreachable".into())))
+        },
+    )
+    .await
+    .unwrap();
+    let (_, reason, message) = cluster_condition(&client, &ns, "eu-1c", "Bootstrapped")
+        .await
+        .unwrap();
+    assert_eq!(reason, "ConfigFailed");
+    assert!(message.contains("timed out"), "{message}");
+    emu.inject(first, Fault::Clear).await.unwrap();
+    wait_cluster(&client, &ns, "eu-1c", "Bootstrapped", "True", LIMIT)
+        .await
+        .unwrap();
+
+    // 2. The emulator restarts mid-bootstrap (control plane coming up): converges.
+    emu.shutdown().await;
+    let emu = emulator(first, 1, &dir).await;
+    wait_cluster(&client, &ns, "eu-1c", "Ready", "True", LIMIT)
+        .await
+        .unwrap();
+    assert_eq!(
+        emu.bootstrap_calls(first),
+        Some(0),
+        "not bootstrapped again after the restart"
+    );
+
+    // 3. Unreachable during teardown: the deadline is in the message, then the finalizer goes.
+    emu.inject(first, Fault::Refuse).await.unwrap();
+    let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
+    clusters
+        .delete("eu-1c", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(LIMIT, "Deleting names the deadline", || async {
+        Ok(cluster_condition(&client, &ns, "eu-1c", "Deleting")
+            .await
+            .is_some_and(|c| c.2.contains("will keep retrying until") && c.2.contains("m-1")))
+    })
+    .await
+    .unwrap();
+    let cluster = clusters.get("eu-1c").await.unwrap();
+    let outcome = &cluster.status.unwrap().teardown[0];
+    assert_eq!(
+        (outcome.instance.as_str(), outcome.outcome.as_str()),
+        ("m-1", "Unreachable")
+    );
+    eventually(
+        Duration::from_secs(60),
+        "the finalizer removed after the deadline",
+        || async { Ok(clusters.get_opt("eu-1c").await?.is_none()) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(emu.mode(first), Some(Mode::Configured), "left as it was");
+    eventually(LIMIT, "m-1 released by its collected pool", || async {
+        Ok(instance(&client, &ns, "m-1")
+            .await
+            .is_some_and(|i| !i.labels().contains_key(CLAIMED_BY)))
+    })
+    .await
+    .unwrap();
+    emu.inject(first, Fault::Clear).await.unwrap();
+    emu.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_at_random_points_converges_with_one_bootstrap_and_one_bundle() {
+    let _heavy = HEAVY.lock().await;
+    let first = Ipv4Addr::new(127, 94, 0, 1);
+    let (client, shared, ns, emu, _) = rig("tb-kill", first, 2).await;
+    create_instance(&client, &ns, "cp-1", first, "cp")
+        .await
+        .unwrap();
+    create_instance(&client, &ns, "w-1", addr(first, 2), "worker")
+        .await
+        .unwrap();
+    let (mut operators, kubeconfig) = start_operators(&client, shared, &ns, bin(), &[])
+        .await
+        .unwrap();
+    let _addons = AddonsReady::start(client.clone(), ns.clone());
+    create_cluster(&client, &ns, "eu-1d", 1, 1, false)
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+
+    // Kill the bootstrapper at pseudo-random points of the flow, restart it each time.
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15 ^ u64::from(std::process::id());
+    let mut bundle_uid = None;
+    let mut kills = 0;
+    while kills < 10 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let wait = Duration::from_millis(200 + seed % 2500);
+        tokio::time::sleep(wait).await; // a random kill point, not a wait for a condition
+        let bootstrapper = operators.last_mut().unwrap();
+        bootstrapper.kill().await.unwrap();
+        kills += 1;
+        if let Some(secret) = secrets.get_opt("taloscluster-eu-1d").await.unwrap() {
+            let uid = secret.uid();
+            assert!(
+                bundle_uid.is_none() || bundle_uid == uid,
+                "the secrets bundle was replaced"
+            );
+            bundle_uid = uid;
+        }
+        *operators.last_mut().unwrap() = start_bootstrapper(bin(), &kubeconfig, &ns, &[])
+            .await
+            .unwrap();
+        if cluster_condition(&client, &ns, "eu-1d", "Ready")
+            .await
+            .is_some_and(|c| c.0 == "True")
+        {
+            break;
+        }
+    }
+    wait_cluster(&client, &ns, "eu-1d", "Ready", "True", LIMIT)
+        .await
+        .unwrap();
+    eventually(LIMIT, "the worker joined", || async {
+        Ok(instance(&client, &ns, "w-1")
+            .await
+            .and_then(|i| condition(&i, "Joined"))
+            .is_some_and(|c| c.0 == "True"))
+    })
+    .await
+    .unwrap();
+    eprintln!("converged after {kills} kills");
+    assert_eq!(
+        emu.bootstrap_calls(first),
+        Some(1),
+        "exactly one Bootstrap call"
+    );
+    let bundles = secrets
+        .list(&ListParams::default().labels("app.kubernetes.io/component=talos-cluster-secrets"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(bundles.len(), 1, "one secrets bundle");
+    if bundle_uid.is_some() {
+        assert_eq!(bundles[0].uid(), bundle_uid, "never regenerated");
+    }
+    emu.shutdown().await;
+}
