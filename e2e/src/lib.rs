@@ -18,6 +18,7 @@ use kube::{Client, ResourceExt as _};
 
 pub use kontinuum_testbed as testbed;
 
+pub mod addons;
 pub mod bootstrapper;
 
 /// Field manager of everything the tests apply.

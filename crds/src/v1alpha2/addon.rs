@@ -75,8 +75,9 @@ pub struct AddonSpec {
     #[schemars(length(min = 1, max = MAX_RELEASE_LEN), pattern(DNS1123_SUBDOMAIN))]
     pub release_name: Option<String>,
 
-    /// Whether to install the release. `false` leaves whatever is installed untouched and
-    /// removes the Addon from its cluster's `AddonsReady` aggregation.
+    /// Whether to install the release. `false` uninstalls it (the Addon stays, `Ready=False`
+    /// with reason `Disabled`) and removes the Addon from its cluster's `AddonsReady`
+    /// aggregation.
     #[serde(default = "enabled_by_default")]
     pub enabled: bool,
 

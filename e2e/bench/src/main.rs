@@ -12,6 +12,7 @@
 //! emulator as a child process ([`emulator`]), `/proc` memory ([`procfs`]), latency
 //! summaries ([`stats`]) and the report ([`report`]).
 
+mod addons;
 mod bootstrap;
 mod discovery;
 mod emulator;
@@ -39,6 +40,8 @@ enum Command {
     Talos(talos::Args),
     /// instance-discovery and pool-claimer: N machines discovered, then claimed by P pools.
     Discovery(discovery::Args),
+    /// addon-installer: kubeconfig to three built-ins Ready; helm invocations per resync.
+    Addons(addons::Args),
     /// talos-bootstrapper: TalosCluster creation to Ready, per step, against the client floor.
     Bootstrap(bootstrap::Args),
 }
@@ -55,6 +58,7 @@ async fn main() -> anyhow::Result<()> {
     let report = match cli.command {
         Command::Talos(args) => talos::run(args).await?,
         Command::Discovery(args) => discovery::run(args).await?,
+        Command::Addons(args) => addons::run(args).await?,
         Command::Bootstrap(args) => bootstrap::run(args).await?,
     };
     let mut out = std::io::stdout().lock();

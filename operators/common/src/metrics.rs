@@ -23,12 +23,22 @@ pub struct ErrorLabels {
     pub reason: String,
 }
 
+/// The label set of `external_calls_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    /// The system called: `talos`, `helm`, `downstream`.
+    pub system: String,
+    /// The call: an RPC or a helm verb.
+    pub operation: String,
+}
+
 /// The reconcile metrics of one controller.
 #[derive(Debug)]
 pub struct ControllerMetrics {
     reconciles: Counter,
     errors: Family<ErrorLabels, Counter>,
     duration: Histogram,
+    calls: Family<CallLabels, Counter>,
 }
 
 impl ControllerMetrics {
@@ -40,7 +50,13 @@ impl ControllerMetrics {
             errors: Family::default(),
             // 1 ms .. ~33 s
             duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            calls: Family::default(),
         };
+        sub.register(
+            "external_calls",
+            "Calls to systems outside the hub (machines, helm, downstream clusters), by system and operation",
+            metrics.calls.clone(),
+        );
         sub.register("reconcile", "Reconciles run", metrics.reconciles.clone());
         sub.register(
             "reconcile_errors",
@@ -62,6 +78,16 @@ impl ControllerMetrics {
             metrics: self,
             start: Instant::now(),
         }
+    }
+
+    /// Counts one call to a system outside the hub (e.g. `("helm", "upgrade")`).
+    pub fn external_call(&self, system: &str, operation: &str) {
+        self.calls
+            .get_or_create(&CallLabels {
+                system: system.to_owned(),
+                operation: operation.to_owned(),
+            })
+            .inc();
     }
 
     /// Counts a failed reconcile.
@@ -125,6 +151,7 @@ mod tests {
         }
         metrics.failure("ClaimFailed");
         metrics.failure("ClaimFailed");
+        metrics.external_call("helm", "upgrade");
         let text = encode(&registry).unwrap();
         assert!(
             text.contains("kontinuum_pool_claimer_reconcile_total 1"),
@@ -138,6 +165,12 @@ mod tests {
         );
         assert!(
             text.contains("kontinuum_pool_claimer_reconcile_duration_seconds_count 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "kontinuum_pool_claimer_external_calls_total{system=\"helm\",operation=\"upgrade\"} 1"
+            ),
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"));
