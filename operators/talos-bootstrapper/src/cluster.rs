@@ -702,6 +702,7 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
             run.flush().await?;
             let outcome = async {
                 let client = ctx.settings.dialer.configured(&endpoint, &identity).await?;
+                ctx.metrics.external_call("talos", "Bootstrap");
                 client.bootstrap().await.map_err(|source| Error::Talos {
                     instance: endpoint.name.clone(),
                     source,
@@ -747,6 +748,7 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
     if stored_kubeconfig.is_none() {
         let fetched = async {
             let client = ctx.settings.dialer.configured(&endpoint, &identity).await?;
+            ctx.metrics.external_call("talos", "Kubeconfig");
             client.kubeconfig().await.map_err(|source| Error::Talos {
                 instance: endpoint.name.clone(),
                 source,
@@ -974,8 +976,10 @@ async fn configure(
             &chain(err),
         );
     })?;
+    let metrics = &run.ctx.metrics;
     let applied = async {
         let client = dialer.maintenance(member).await?;
+        metrics.external_call("talos", "ApplyConfiguration");
         client
             .apply_configuration(config.expose().as_bytes().to_vec(), ApplyMode::Reboot)
             .await
@@ -991,6 +995,7 @@ async fn configure(
             // Already ours? (an earlier apply whose status write was lost)
             let ours = async {
                 let client = dialer.configured(member, identity).await?;
+                metrics.external_call("talos", "Version");
                 client.version().await.map_err(|source| Error::Talos {
                     instance: member.name.clone(),
                     source,
@@ -1070,6 +1075,7 @@ async fn health_check(
         .iter()
         .filter_map(|m| m.address.clone())
         .collect();
+    ctx.metrics.external_call("talos", "HealthCheck");
     client
         .health_check(ctx.settings.dialer.health_wait, &nodes, &[], |_| {})
         .await
@@ -1088,6 +1094,7 @@ async fn join_members(
     healthy_control_plane: bool,
 ) -> bool {
     let dialer = run.ctx.settings.dialer;
+    let metrics = std::sync::Arc::clone(&run.ctx.metrics);
     let mut all = true;
     for member in members {
         let configured = member.configured
@@ -1102,6 +1109,7 @@ async fn join_members(
         if !member.joined {
             let answered = async {
                 let client = dialer.configured(member, identity).await?;
+                metrics.external_call("talos", "Version");
                 client.version().await.map_err(|source| Error::Talos {
                     instance: member.name.clone(),
                     source,
@@ -1312,7 +1320,7 @@ async fn cleanup(cluster: &TalosCluster, ctx: &Ctx) -> Result<Option<Action>, Er
                 Some(identity) => ctx
                     .settings
                     .dialer
-                    .reset(member, identity, graceful)
+                    .reset(member, identity, graceful, &ctx.metrics)
                     .await
                     .map(|_| ())
                     .map_err(|e| (machines::unreachable(&e), chain(&e))),

@@ -35,6 +35,7 @@ pub async fn api_server_answers(
     identity: &ClientIdentity,
 ) -> Result<(), Error> {
     let talos = ctx.settings.dialer.configured(endpoint, identity).await?;
+    ctx.metrics.external_call("talos", "Kubeconfig");
     let kubeconfig = talos.kubeconfig().await.map_err(|source| Error::Talos {
         instance: endpoint.name.clone(),
         source,
@@ -54,6 +55,7 @@ pub async fn api_server_answers(
     config.connect_timeout = Some(ctx.settings.dialer.timeouts.connect);
     config.read_timeout = Some(bound);
     let client = Client::try_from(config).map_err(|e| unusable(e.to_string()))?;
+    ctx.metrics.external_call("downstream", "version");
     match tokio::time::timeout(bound, client.apiserver_version()).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(Error::Downstream(Box::new(DownstreamError::Unanswered(e)))),

@@ -10,6 +10,8 @@ use kontinuum_talos_config::{
     render_machine_config,
 };
 
+use kontinuum_operator_common::metrics::ControllerMetrics;
+
 use crate::Error;
 use crate::plan::{Member, Role};
 
@@ -78,9 +80,11 @@ impl Dialer {
         member: &Member,
         identity: &ClientIdentity,
         graceful: bool,
+        metrics: &ControllerMetrics,
     ) -> Result<ResetDone, Error> {
         let attempt = async {
             let client = self.configured(member, identity).await?;
+            metrics.external_call("talos", "Reset");
             client
                 .reset(&ResetOptions::to_maintenance(graceful))
                 .await
@@ -95,6 +99,7 @@ impl Dialer {
         };
         let maintenance = async {
             let client = self.maintenance(member).await?;
+            metrics.external_call("talos", "Version");
             client.version().await.map_err(|source| Error::Talos {
                 instance: member.name.clone(),
                 source,

@@ -222,7 +222,7 @@ async fn reset(
     let graceful = role == Role::Worker || other_cp;
     ctx.settings
         .dialer
-        .reset(&member, &identity, graceful)
+        .reset(&member, &identity, graceful, &ctx.metrics)
         .await?;
     Ok(())
 }

@@ -138,7 +138,7 @@ async fn one_control_plane_to_ready_never_latched_and_back_to_maintenance() {
     create_instance(&client, &ns, "m-1", first, "cp")
         .await
         .unwrap();
-    let (_operators, _) = start_operators(&client, shared, &ns, bin(), &[])
+    let (operators, _) = start_operators(&client, shared, &ns, bin(), &[])
         .await
         .unwrap();
     let started = Instant::now();
@@ -220,6 +220,13 @@ async fn one_control_plane_to_ready_never_latched_and_back_to_maintenance() {
         .await
         .unwrap();
     eprintln!("creation to Ready: {:?}", started.elapsed());
+    let metrics = operators.last().unwrap().metrics().await.unwrap();
+    for call in ["Bootstrap", "ApplyConfiguration"] {
+        let line = format!(
+            "kontinuum_talos_bootstrapper_external_calls_total{{system=\"talos\",operation=\"{call}\"}} 1"
+        );
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
     let m1 = instance(&client, &ns, "m-1").await.unwrap();
     assert_eq!(condition(&m1, "Joined").unwrap().0, "True");
     assert_eq!(
