@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Secret;
 use kontinuum_crds::conditions;
 use kontinuum_crds::v1alpha2::{Addon, Instance, InstancePool, TalosCluster};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt as _};
 
 use crate::{FIELD_MANAGER, Operator, eventually, service_account_kubeconfig, testbed};
@@ -154,28 +154,30 @@ pub async fn set_addon_ready(
     Ok(())
 }
 
-/// Marks every Addon of `ns` `Ready` as soon as it exists, until dropped: the test's stand-in
-/// for the addon-installer (which coordinates only through this status).
+/// Marks every Addon of `ns` `Ready` the moment a watch sees it not Ready, until dropped:
+/// the stand-in for the addon-installer in tests and benchmarks that prove the
+/// bootstrapper alone (the operators coordinate only through this status).
 pub struct AddonsReady(tokio::task::JoinHandle<()>);
 
 impl AddonsReady {
-    /// Starts marking.
+    /// Starts watching and marking.
     pub fn start(client: Client, ns: String) -> Self {
+        use futures::TryStreamExt as _;
+        use kube::runtime::{WatchStreamExt as _, watcher};
         Self(tokio::spawn(async move {
             let api: Api<Addon> = Api::namespaced(client.clone(), &ns);
-            loop {
-                if let Ok(list) = api.list(&ListParams::default()).await {
-                    for addon in list.items {
-                        let ready = addon
-                            .status
-                            .as_ref()
-                            .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"));
-                        if !ready && addon.metadata.deletion_timestamp.is_none() {
-                            let _ = set_addon_ready(&client, &ns, &addon.name_any(), true).await;
-                        }
-                    }
+            let stream = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects();
+            let mut stream = std::pin::pin!(stream);
+            while let Ok(Some(addon)) = stream.try_next().await {
+                let ready = addon
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"));
+                if !ready && addon.metadata.deletion_timestamp.is_none() {
+                    let _ = set_addon_ready(&client, &ns, &addon.name_any(), true).await;
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }))
     }

@@ -14,10 +14,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use futures::{StreamExt as _, TryStreamExt as _};
+use futures::StreamExt as _;
 use kontinuum_crds::conditions;
-use kontinuum_crds::v1alpha2::{Addon, Instance, TalosCluster};
-use kontinuum_e2e::bootstrapper::{TALOS_BOOTSTRAPPER_ROLE, create_cluster, install_role};
+use kontinuum_crds::v1alpha2::{Instance, TalosCluster};
+use kontinuum_e2e::bootstrapper::{
+    AddonsReady, TALOS_BOOTSTRAPPER_ROLE, create_cluster, install_role,
+};
 use kontinuum_e2e::testbed::{ControlPlane, ControlPlaneConfig, Tools, unique_dir};
 use kontinuum_e2e::{
     INSTANCE_DISCOVERY_ROLE, Operator, POOL_CLAIMER_ROLE, install_kontinuum_crds, namespace,
@@ -27,7 +29,8 @@ use kontinuum_talos::{ApplyMode, ClientIdentity, Endpoint, ResetOptions, TalosCl
 use kontinuum_talos_config::{
     ConfigInput, MachineType, SecretsBundle, TalosVersion, admin_talosconfig, render_machine_config,
 };
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions::is_deleted};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
 
@@ -127,38 +130,6 @@ async fn floor(address: Ipv4Addr, hostname: &str) -> anyhow::Result<(Vec<Duratio
     let total = started.elapsed();
     client.reset(&ResetOptions::to_maintenance(false)).await?;
     Ok((marks, total))
-}
-
-/// Marks every Addon of `ns` `Ready` as soon as the watch sees it.
-fn addons_ready(client: Client, ns: String) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let api: Api<Addon> = Api::namespaced(client, &ns);
-        let stream = watcher(api.clone(), watcher::Config::default()).applied_objects();
-        let mut stream = std::pin::pin!(stream);
-        while let Ok(Some(addon)) = stream.try_next().await {
-            let ready = addon
-                .status
-                .as_ref()
-                .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"));
-            if ready {
-                continue;
-            }
-            let patch = serde_json::json!({
-                "apiVersion": "kontinuum.sh/v1alpha2", "kind": "Addon",
-                "status": { "conditions": [{
-                    "type": "Ready", "status": "True", "reason": "Ready", "message": "bench stand-in",
-                    "lastTransitionTime": jiff::Timestamp::now().to_string(),
-                }]}
-            });
-            let _ = api
-                .patch_status(
-                    &addon.name_any(),
-                    &PatchParams::apply("bench-addons").force(),
-                    &Patch::Apply(&patch),
-                )
-                .await;
-        }
-    })
 }
 
 /// One operator run: TalosCluster creation → Ready, with the first time each condition was
@@ -290,7 +261,7 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
         all.extend(extra);
         operators.push(Operator::start(&operator_binary(name)?, name, &kubeconfig, &all).await?);
     }
-    let marker = addons_ready(client.clone(), ns.clone());
+    let marker = AddonsReady::start(client.clone(), ns.clone());
 
     let mut floor_runs = Vec::new();
     let mut operator_runs = Vec::new();
@@ -312,18 +283,11 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
         }))?;
         let instances: Api<Instance> = Api::namespaced(client.clone(), &ns);
         instances.create(&PostParams::default(), &instance).await?;
-        let discovered = async {
-            loop {
-                let i = instances.get(&instance_name).await?;
-                if i.status
-                    .as_ref()
+        let discovered =
+            await_condition(instances.clone(), &instance_name, |i: Option<&Instance>| {
+                i.and_then(|i| i.status.as_ref())
                     .is_some_and(|s| conditions::is_true(&s.conditions, "Discovered"))
-                {
-                    return anyhow::Ok(());
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        };
+            });
         tokio::time::timeout(limit, discovered)
             .await
             .context("discovery timed out")??;
@@ -333,13 +297,9 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
         // Teardown (not measured): the machine back to maintenance, the Instance released,
         // then removed so the next run's pool claims only its own machine.
         let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
+        let uid = clusters.get(&cluster).await?.uid().unwrap_or_default();
         clusters.delete(&cluster, &DeleteParams::default()).await?;
-        let gone = async {
-            while clusters.get_opt(&cluster).await?.is_some() {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            anyhow::Ok(())
-        };
+        let gone = await_condition(clusters.clone(), &cluster, is_deleted(&uid));
         tokio::time::timeout(limit, gone)
             .await
             .context("teardown timed out")??;
@@ -347,7 +307,7 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
             .delete(&instance_name, &DeleteParams::default())
             .await?;
     }
-    marker.abort();
+    drop(marker);
 
     let mut table = Table::new(&[
         "step (time since start)",

@@ -388,36 +388,19 @@ async fn ensure_secret(
                 )])),
                 ..Secret::default()
             };
-            let params = PostParams {
-                field_manager: Some(FIELD_MANAGER.into()),
-                ..PostParams::default()
-            };
-            match secrets.create(&params, &secret).await {
-                Ok(created) => {
-                    info!(secret = %name, "stored a new talos secrets bundle");
-                    run.ctx
-                        .events
-                        .normal(
-                            &cluster.object_ref(&()),
-                            "SecretsBundleCreated",
-                            "Create",
-                            format!("generated the talos secrets bundle into Secret {name}"),
-                        )
-                        .await;
-                    created
-                }
-                // A concurrent or earlier attempt won (its status write was lost): use its
-                // bundle, never a second one.
-                Err(kube::Error::Api(s)) if s.code == 409 => secrets
+            if create_once(run, secrets, &secret, "SecretsBundleCreated", || {
+                format!("generated the talos secrets bundle into Secret {name}")
+            })
+            .await?
+            {
+                secret
+            } else {
+                // An earlier attempt won (its status write was lost): use its bundle, never
+                // a second one.
+                secrets
                     .get(&name)
                     .await
-                    .map_err(Error::kube(format!("read Secret {name}")))?,
-                Err(source) => {
-                    return Err(Error::Kube {
-                        what: format!("create Secret {name}"),
-                        source,
-                    });
-                }
+                    .map_err(Error::kube(format!("read Secret {name}")))?
             }
         }
     };
@@ -1164,6 +1147,46 @@ async fn join_members(
     all
 }
 
+/// Creates `object` (owned by the cluster) unless an object of its name exists; a creation
+/// is logged and announced as a Normal Event with `reason`. Returns whether this call
+/// created it.
+async fn create_once<K>(
+    run: &Run<'_>,
+    api: &Api<K>,
+    object: &K,
+    reason: &str,
+    note: impl FnOnce() -> String,
+) -> Result<bool, Error>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + k8s_openapi::serde::Serialize
+        + k8s_openapi::serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let name = object.name_any();
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PostParams::default()
+    };
+    match api.create(&params, object).await {
+        Ok(_) => {
+            let note = note();
+            info!(kind = %K::kind(&()), %name, "{note}");
+            run.ctx
+                .events
+                .normal(&run.cluster.object_ref(&()), reason, "Create", note)
+                .await;
+            Ok(true)
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(source) => Err(Error::Kube {
+            what: format!("create {} {name}", K::kind(&())),
+            source,
+        }),
+    }
+}
+
 /// Creates the built-ins in `to_seed` (named `<cluster>-<release>`, owned by the cluster).
 /// Only `talosClusterRef` and `releaseName` are set: the addon-installer's defaults do the
 /// rest, so default bumps reach existing clusters.
@@ -1195,31 +1218,10 @@ async fn seed(run: &Run<'_>, to_seed: &[BuiltinAddon]) -> Result<(), Error> {
         l.insert(labels::APP_COMPONENT.into(), "addon".into());
         l.insert(labels::APP_NAME.into(), release.into());
         addon.metadata.labels = Some(l);
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..PostParams::default()
-        };
-        match api.create(&params, &addon).await {
-            Ok(_) => {
-                info!(addon = %addon_name, "seeded built-in addon");
-                run.ctx
-                    .events
-                    .normal(
-                        &cluster.object_ref(&()),
-                        "AddonSeeded",
-                        "Seed",
-                        format!("created the built-in Addon {addon_name} ({release})"),
-                    )
-                    .await;
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(source) => {
-                return Err(Error::Kube {
-                    what: format!("create Addon {addon_name}"),
-                    source,
-                });
-            }
-        }
+        create_once(run, &api, &addon, "AddonSeeded", || {
+            format!("created the built-in Addon {addon_name} ({release})")
+        })
+        .await?;
     }
     Ok(())
 }
