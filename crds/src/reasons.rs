@@ -191,12 +191,17 @@ vocabulary! {
         /// `Discovered=False`: every address in `spec.interfaces` failed to answer.
         ProbeFailed,
         /// `Discovered=False`: the machine at the address presents a different TLS identity
-        /// than `status.identity`: another machine (or a reinstalled one) took its place.
+        /// than `status.identity` (or `spec.identity`): another machine (or a reinstalled
+        /// one) took its place. `Configured=False`: the same, found in the handshake of the
+        /// connection a machine config was to be sent over; nothing was sent.
         IdentityChanged,
         /// `Configured=True`: the machine configuration was applied.
         ConfigApplied,
         /// `Configured=False`: the machine refused its configuration.
         ConfigRejected,
+        /// `Configured=False`: the Instance has no identity (neither `spec.identity` nor
+        /// `status.identity`), so no configuration is sent to it.
+        IdentityUnknown,
         /// `Configured`/`Joined`=Unknown: the configured Talos API stopped answering.
         TalosApiUnreachable,
         /// `Joined=False`: a worker waits for its cluster's control plane to be ready.
@@ -315,6 +320,10 @@ vocabulary! {
         /// A machine configuration could not be rendered or applied; the message names the
         /// Instance.
         ConfigFailed,
+        /// `Bootstrapped=False`: another machine than the one discovered answers at the
+        /// endpoint member's address (its key is not the Instance's identity); no
+        /// configuration was sent. The message names the Instance and both identities.
+        IdentityChanged,
         /// Bootstrap is in progress: the API server is not reachable, or the control plane
         /// is not healthy yet.
         Bootstrapping,

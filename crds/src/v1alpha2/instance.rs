@@ -25,6 +25,7 @@ use crate::schema;
     doc = "A machine booted into Talos Linux, discovered through its maintenance-mode API.",
     printcolumn(name = "Address", type_ = "string", json_path = ".spec.interfaces[0]"),
     printcolumn(name = "Talos", type_ = "string", json_path = ".status.talos.version"),
+    printcolumn(name = "Identity", type_ = "string", json_path = ".status.identity"),
     printcolumn(
         name = "Discovered",
         type_ = "string",
@@ -58,6 +59,18 @@ pub struct InstanceSpec {
     /// provider integration exists yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_ref: Option<TypedRef>,
+
+    /// Pins the machine's identity up front: the SHA-256 (64 lowercase hex characters) of
+    /// the public key of the certificate its Talos API presents in maintenance mode, e.g.
+    /// read from the machine's console. When set, discovery records no other machine
+    /// (`Discovered=False`, reason `IdentityChanged`) and the bootstrapper sends a machine
+    /// configuration only over a connection whose handshake proved this key. When unset,
+    /// the identity first discovered (`status.identity`) is pinned the same way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        { "rule": "self.matches('^[0-9a-f]{64}$')", "message": "spec.identity must be 64 lowercase hex characters: the SHA-256 of the public key of the machine's maintenance certificate" }
+    ]), length(max = 64))]
+    pub identity: Option<String>,
 }
 
 /// Observed state of an Instance.
@@ -91,9 +104,11 @@ pub struct InstanceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub talos: Option<TalosStatus>,
 
-    /// SHA-256 fingerprint (lowercase hex) of the TLS certificate the machine's Talos API
-    /// presented in maintenance mode. A different fingerprint at the same address means a
-    /// different machine (reason `IdentityChanged`).
+    /// The machine's identity: SHA-256 (lowercase hex) of the public key of the TLS
+    /// certificate its Talos API presented in maintenance mode (what talosctl
+    /// `--cert-fingerprint` pins). A different key at the same address means a different
+    /// machine (reason `IdentityChanged`); machine configurations are sent only to this key
+    /// (or to `spec.identity`, when set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
 

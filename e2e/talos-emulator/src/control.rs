@@ -1,7 +1,8 @@
 //! The HTTP control interface (on loopback) for fault injection:
 //!
 //! * `POST /machines/<address>/fault` with `{"fault":"hang","seconds":5}`, `{"fault":"refuse"}`,
-//!   `{"fault":"unavailable"}`, `{"fault":"reboot"}` or `{"fault":"clear"}` → `204`;
+//!   `{"fault":"unavailable"}`, `{"fault":"reboot"}`, `{"fault":"replace"}` (a new maintenance
+//!   key: another machine at this address) or `{"fault":"clear"}` → `204`;
 //!   `404` for an unknown machine, `400` for a bad body.
 //! * `GET /machines` → one line `<address> <port> <mode>` per machine.
 

@@ -79,6 +79,9 @@ pub enum Fault {
     Unavailable,
     /// Reboot into maintenance mode, the config staying on disk.
     Reboot,
+    /// Another machine now answers at this address: a new maintenance key (so a new
+    /// identity), kept across restarts. Connections already open keep the old one.
+    Replace,
     /// Remove every fault.
     Clear,
 }
@@ -90,6 +93,8 @@ pub enum FaultError {
     UnknownMachine(String),
     #[error("rebooting the machine failed")]
     Reboot(#[source] Error),
+    #[error("giving the machine a new maintenance key failed")]
+    Replace(#[source] Error),
 }
 
 /// A running emulator. Dropping it stops serving (and kills control planes); prefer
@@ -227,6 +232,13 @@ impl Emulator {
             .map(|m| m.bootstrap_calls.load(std::sync::atomic::Ordering::Relaxed))
     }
 
+    /// ApplyConfiguration calls that reached the machine at `address` (valid or not), or
+    /// `None` for an unknown address.
+    pub fn apply_calls(&self, address: Ipv4Addr) -> Option<u32> {
+        find(&self.shared, &address.to_string())
+            .map(|m| m.apply_calls.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Injects a fault into the machine at `address` (IP).
     pub async fn inject(&self, address: Ipv4Addr, fault: Fault) -> Result<(), FaultError> {
         inject(&self.shared, &address.to_string(), fault).await
@@ -272,6 +284,7 @@ pub(crate) async fn inject(shared: &Shared, address: &str, fault: Fault) -> Resu
             .faults
             .send_modify(|f| *f = machine::Faults::default()),
         Fault::Reboot => machine.reboot().await.map_err(FaultError::Reboot)?,
+        Fault::Replace => machine.replace_identity().map_err(FaultError::Replace)?,
     }
     Ok(())
 }

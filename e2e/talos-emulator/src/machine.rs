@@ -180,6 +180,9 @@ pub struct Machine {
     shared: Weak<Shared>,
     /// Bootstrap RPCs that passed admission (successful or not), for tests.
     pub(crate) bootstrap_calls: std::sync::atomic::AtomicU32,
+    /// ApplyConfiguration RPCs that reached the machine (admitted or not, valid or not),
+    /// for tests.
+    pub(crate) apply_calls: std::sync::atomic::AtomicU32,
 }
 
 /// Written at Bootstrap, removed by a wipe: etcd has data, and the API server's port, so a
@@ -286,6 +289,7 @@ impl Machine {
             cluster: Mutex::new(None),
             shared,
             bootstrap_calls: std::sync::atomic::AtomicU32::new(0),
+            apply_calls: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -295,6 +299,17 @@ impl Machine {
 
     fn shared(&self) -> Option<Arc<Shared>> {
         self.shared.upgrade()
+    }
+
+    /// The `replace` fault: a new maintenance key, as if another machine took this one's
+    /// address. Persisted, so a restarted emulator keeps the new identity.
+    pub(crate) fn replace_identity(&self) -> Result<(), Error> {
+        let key = pki::generate_maintenance_key()?;
+        let mut inner = self.lock();
+        write_private(&self.dir.join(KEY_FILE), &key)?;
+        inner.maintenance_key = key;
+        inner.maintenance_tls = None;
+        Ok(())
     }
 
     /// Where the machine's API listens.

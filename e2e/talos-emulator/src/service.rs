@@ -91,6 +91,9 @@ impl MachineService for Api {
         &self,
         request: Request<ApplyConfigurationRequest>,
     ) -> Result<Response<ApplyConfigurationResponse>, Status> {
+        self.machine
+            .apply_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.admit(&request, Access::Apply).await?;
         let request = request.into_inner();
         if request.dry_run {

@@ -213,19 +213,25 @@ pub fn status(
             format!("all {tried} candidate(s) failed, last error: {last}"),
         ),
         Outcome::Found { address, probe } => {
-            let changed_identity = match (&current.identity, &probe.identity) {
-                (Some(old), Some(new)) => old != new && accepted != Some(new.as_str()),
+            let presented = probe.identity.as_deref();
+            let pinned = instance.spec.identity.as_deref();
+            let changed_identity = match (pinned, current.identity.as_deref(), presented) {
+                // The user's pin trusts nobody else, not even a first discovery.
+                (Some(pin), _, _) => presented != Some(pin),
+                (None, Some(old), Some(new)) => old != new && accepted != Some(new),
                 _ => false,
             };
             if changed_identity {
-                let new = probe.identity.clone().unwrap_or_default();
-                (
-                    ConditionStatus::False,
-                    Reason::IdentityChanged,
-                    format!(
+                let new = presented.unwrap_or("none (no readable public key)");
+                let message = match pinned {
+                    Some(pin) => format!(
+                        "the machine at {address} presents identity {new}, not spec.identity {pin}; if this machine is expected, set spec.identity to its identity"
+                    ),
+                    None => format!(
                         "the machine at {address} presents identity {new}, not the recorded one; if this machine is expected, annotate the Instance {ACCEPT_IDENTITY}={new}"
                     ),
-                )
+                };
+                (ConditionStatus::False, Reason::IdentityChanged, message)
             } else {
                 next.address = Some(address.clone());
                 next.interfaces.clone_from(&probe.interfaces);

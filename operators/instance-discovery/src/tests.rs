@@ -207,3 +207,43 @@ async fn a_prober_that_ignores_its_bound_is_cut_off() {
     .unwrap();
     assert!(matches!(outcome, Outcome::Failed { .. }), "{outcome:?}");
 }
+
+fn pinned(identity: &str) -> Instance {
+    let mut i = instance();
+    i.spec.identity = Some(identity.into());
+    i
+}
+
+#[test]
+fn a_pinned_instance_records_only_the_pinned_machine() {
+    // First discovery, another machine answers: nothing is recorded.
+    let s = status(&pinned("abc"), &found("evil"), None, at(100));
+    let (st, reason, message) = discovered(&s);
+    assert_eq!((st.as_str(), reason.as_str()), ("False", "IdentityChanged"));
+    assert!(
+        message.contains("presents identity evil, not spec.identity abc"),
+        "{message}"
+    );
+    assert_eq!(s.identity, None);
+    assert_eq!(s.address, None);
+    assert!(s.interfaces.is_empty());
+
+    // The accept annotation does not override the user's pin.
+    let s = status(&pinned("abc"), &found("evil"), Some("evil"), at(100));
+    assert_eq!(discovered(&s).1, "IdentityChanged");
+
+    // The pinned machine: discovered and recorded.
+    let s = status(&pinned("abc"), &found("abc"), None, at(100));
+    assert_eq!(discovered(&s).0, "True");
+    assert_eq!(s.identity.as_deref(), Some("abc"));
+
+    // A machine without a readable key never matches a pin.
+    let mut no_key = probe("abc");
+    no_key.identity = None;
+    let outcome = Outcome::Found {
+        address: "192.0.2.10".into(),
+        probe: no_key,
+    };
+    let s = status(&pinned("abc"), &outcome, None, at(100));
+    assert_eq!(discovered(&s).1, "IdentityChanged");
+}

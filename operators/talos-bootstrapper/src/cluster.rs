@@ -609,12 +609,12 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
             Err(err) if member.name == endpoint.name => {
                 let message = chain(&err);
                 if !run.is_true(Cond::Bootstrapped) {
-                    run.set(
-                        Cond::Bootstrapped,
-                        ConditionStatus::False,
-                        Reason::ConfigFailed,
-                        message,
-                    );
+                    let reason = if identity_refused(&err) {
+                        Reason::IdentityChanged
+                    } else {
+                        Reason::ConfigFailed
+                    };
+                    run.set(Cond::Bootstrapped, ConditionStatus::False, reason, message);
                 }
                 run.flush().await?;
                 return Err(err);
@@ -961,7 +961,9 @@ async fn configure(
     })?;
     let metrics = &run.ctx.metrics;
     let applied = async {
-        let client = dialer.maintenance(member).await?;
+        // Pinned: a machine config (a control plane's holds every cluster CA key) goes only
+        // to the machine that was discovered; the handshake proves its key first.
+        let client = dialer.maintenance_pinned(member).await?;
         metrics.external_call("talos", "ApplyConfiguration");
         client
             .apply_configuration(config.expose().as_bytes().to_vec(), ApplyMode::Reboot)
@@ -1024,27 +1026,64 @@ async fn configure(
             Ok(())
         }
         Err(err) => {
-            let reason = match &err {
-                Error::Talos { source, .. }
-                    if matches!(
-                        source.kind(),
-                        ErrorKind::Unreachable | ErrorKind::TimedOut | ErrorKind::Unavailable
-                    ) =>
-                {
-                    IReason::TalosApiUnreachable
-                }
-                _ => IReason::ConfigRejected,
-            };
-            run.set_member(
-                &member.name,
-                ICond::Configured,
-                ConditionStatus::False,
-                reason,
-                &chain(&err),
-            );
+            config_failed(run, member, &err).await;
             Err(err)
         }
     }
+}
+
+/// Records why `member` could not be configured, with a Warning Event when another machine
+/// answers at its address (once per transition, not per retry).
+async fn config_failed(run: &mut Run<'_>, member: &Member, err: &Error) {
+    let reason = match err {
+        Error::Talos { source, .. }
+            if matches!(
+                source.kind(),
+                ErrorKind::Unreachable | ErrorKind::TimedOut | ErrorKind::Unavailable
+            ) =>
+        {
+            IReason::TalosApiUnreachable
+        }
+        _ if identity_refused(err) => IReason::IdentityChanged,
+        Error::NoIdentity { .. } => IReason::IdentityUnknown,
+        _ => IReason::ConfigRejected,
+    };
+    if reason == IReason::IdentityChanged
+        && !member_reason_is(run, &member.name, ICond::Configured, reason)
+    {
+        run.ctx
+            .events
+            .warning(
+                &run.cluster.object_ref(&()),
+                reason.as_str(),
+                "Configure",
+                format!(
+                    "not configuring {}: another machine answers at its address; nothing was sent",
+                    member.name
+                ),
+            )
+            .await;
+    }
+    run.set_member(
+        &member.name,
+        ICond::Configured,
+        ConditionStatus::False,
+        reason,
+        &chain(err),
+    );
+}
+
+/// Whether `err` is a maintenance connection the identity pin refused.
+fn identity_refused(err: &Error) -> bool {
+    matches!(err, Error::Talos { source, .. } if source.kind() == ErrorKind::IdentityMismatch)
+}
+
+/// Whether member `name`'s condition `c` already carries `reason` (so a transition's Event
+/// is not repeated on every retry).
+fn member_reason_is(run: &Run<'_>, name: &str, c: ICond, reason: IReason) -> bool {
+    run.current_member_conditions(name)
+        .iter()
+        .any(|x| x.type_ == c.as_str() && x.reason == reason.as_str())
 }
 
 async fn health_check(

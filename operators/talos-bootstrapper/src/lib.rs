@@ -116,6 +116,14 @@ pub enum Error {
         /// The Instance.
         instance: String,
     },
+    /// A member has no identity to pin its maintenance connection to.
+    #[error(
+        "instance {instance} has no identity (neither spec.identity nor status.identity): no machine config is sent to an unidentified machine"
+    )]
+    NoIdentity {
+        /// The Instance.
+        instance: String,
+    },
     /// The secrets bundle could not be generated, parsed or used.
     #[error("talos secrets bundle")]
     Secrets(#[source] kontinuum_talos_config::SecretsError),
@@ -164,6 +172,7 @@ impl ReconcileError for Error {
             Error::Kube { .. } => "KubeApiFailed",
             Error::Talos { source, .. } => source.reason(),
             Error::NoAddress { .. } => "NoAddress",
+            Error::NoIdentity { .. } => "IdentityUnknown",
             Error::Secrets(_) | Error::BadSecret { .. } => "SecretsBundleFailed",
             Error::MachineVersion { .. } => "UnsupportedTalosVersion",
             Error::Config { .. } => "ConfigFailed",
@@ -178,6 +187,7 @@ impl ReconcileError for Error {
             Error::Talos { source, .. } if source.is_transient() => ErrorClass::Transient,
             Error::Talos { .. }
             | Error::NoAddress { .. }
+            | Error::NoIdentity { .. }
             | Error::Secrets(_)
             | Error::BadSecret { .. }
             | Error::MachineVersion { .. }

@@ -45,6 +45,25 @@ impl Dialer {
             })
     }
 
+    /// A maintenance-mode connection that only the machine with the member's identity can
+    /// complete (checked in the TLS handshake): the one to send a machine config over. A
+    /// member without an identity gets nothing.
+    pub async fn maintenance_pinned(&self, member: &Member) -> Result<TalosClient, Error> {
+        let host = address(member)?;
+        let identity = member
+            .identity
+            .as_deref()
+            .ok_or_else(|| Error::NoIdentity {
+                instance: member.name.clone(),
+            })?;
+        TalosClient::connect_maintenance_pinned(&self.endpoint(host)?, identity, self.timeouts)
+            .await
+            .map_err(|source| Error::Talos {
+                instance: member.name.clone(),
+                source,
+            })
+    }
+
     /// A configured-mode connection (mTLS as `os:admin`).
     pub async fn configured(
         &self,

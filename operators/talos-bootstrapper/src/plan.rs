@@ -44,6 +44,9 @@ pub struct Member {
     pub joined: bool,
     /// The Talos version the machine reported in maintenance mode.
     pub talos_version: Option<String>,
+    /// The identity its maintenance connection must prove: `spec.identity` (the user's
+    /// pin), else `status.identity` (recorded at discovery).
+    pub identity: Option<String>,
 }
 
 impl Member {
@@ -62,6 +65,11 @@ impl Member {
             talos_version: status
                 .and_then(|s| s.talos.as_ref())
                 .and_then(|t| t.version.clone()),
+            identity: instance
+                .spec
+                .identity
+                .clone()
+                .or_else(|| status.and_then(|s| s.identity.clone())),
         }
     }
 

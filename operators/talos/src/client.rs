@@ -33,7 +33,7 @@ use crate::discovery::{self, Discovery};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, ErrorKind, ProtocolError, Rpc};
 use crate::kubeconfig::{self, Kubeconfig};
-use crate::tls::{self, ClientIdentity, PeerCertificate};
+use crate::tls::{self, ClientIdentity, IdentityPin, PeerCertificate};
 
 /// How much later than our own bound the deadline we send to the server is.
 const DEADLINE_GRACE: Duration = Duration::from_secs(1);
@@ -129,6 +129,7 @@ pub struct TalosClient {
     target: String,
     timeouts: Timeouts,
     peer: Arc<Mutex<Option<PeerCertificate>>>,
+    pin: Option<Arc<IdentityPin>>,
 }
 
 impl TalosClient {
@@ -138,8 +139,24 @@ impl TalosClient {
         endpoint: &Endpoint,
         timeouts: Timeouts,
     ) -> Result<Self, Error> {
-        let config = tls::maintenance_config().map_err(Error::TlsConfig)?;
-        Self::connect_with(endpoint, config, timeouts).await
+        let config = tls::maintenance_config(None).map_err(Error::TlsConfig)?;
+        Self::connect_with(endpoint, config, None, timeouts).await
+    }
+
+    /// Connects to a machine in maintenance mode that must be the one whose identity was
+    /// recorded: the SHA-256 of its certificate's public key
+    /// ([`PeerCertificate::public_key_sha256`]) must equal `identity`. The check runs in the
+    /// TLS handshake (and again on every reconnection), so another machine answering at the
+    /// address never receives a byte of a request; it fails with
+    /// [`Error::IdentityMismatch`].
+    pub async fn connect_maintenance_pinned(
+        endpoint: &Endpoint,
+        identity: &str,
+        timeouts: Timeouts,
+    ) -> Result<Self, Error> {
+        let pin = Arc::new(IdentityPin::new(identity));
+        let config = tls::maintenance_config(Some(Arc::clone(&pin))).map_err(Error::TlsConfig)?;
+        Self::connect_with(endpoint, config, Some(pin), timeouts).await
     }
 
     /// Connects to a configured machine with mTLS: the server must chain to the identity's
@@ -150,12 +167,13 @@ impl TalosClient {
         timeouts: Timeouts,
     ) -> Result<Self, Error> {
         let config = tls::configured_config(identity).map_err(Error::Identity)?;
-        Self::connect_with(endpoint, config, timeouts).await
+        Self::connect_with(endpoint, config, None, timeouts).await
     }
 
     async fn connect_with(
         endpoint: &Endpoint,
         config: Arc<ClientConfig>,
+        pin: Option<Arc<IdentityPin>>,
         timeouts: Timeouts,
     ) -> Result<Self, Error> {
         let invalid = || Error::InvalidEndpoint {
@@ -184,6 +202,9 @@ impl TalosClient {
                     });
                 }
                 Ok(Err(err)) => {
+                    if let Some(mismatch) = pin_mismatch(pin.as_deref(), endpoint) {
+                        return Err(mismatch);
+                    }
                     let kind = ErrorKind::from_transport(&err, ErrorKind::Unreachable);
                     return Err(Error::Connect {
                         endpoint: endpoint.to_string(),
@@ -201,6 +222,7 @@ impl TalosClient {
             target: endpoint.to_string(),
             timeouts,
             peer,
+            pin,
         })
     }
 
@@ -280,7 +302,11 @@ impl TalosClient {
                 after: bound,
             }),
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(CallError::Status(status))) => Err(Error::rpc(rpc, &self.target, status)),
+            // A reconnection refused by the pin: say so, not "unavailable".
+            Ok(Err(CallError::Status(status))) => {
+                Err(pin_mismatch(self.pin.as_deref(), &self.endpoint)
+                    .unwrap_or_else(|| Error::rpc(rpc, &self.target, status)))
+            }
             Ok(Err(CallError::Protocol(err))) => Err(Error::protocol(rpc, &self.target, err)),
         }
     }
@@ -553,6 +579,16 @@ fn check(metadata: Option<&Metadata>) -> Result<(), CallError> {
         }
         _ => Ok(()),
     }
+}
+
+/// The typed error for a handshake the identity pin refused, if it refused one.
+fn pin_mismatch(pin: Option<&IdentityPin>, endpoint: &Endpoint) -> Option<Error> {
+    let pin = pin?;
+    pin.mismatch().map(|presented| Error::IdentityMismatch {
+        endpoint: endpoint.to_string(),
+        expected: pin.expected().to_owned(),
+        presented,
+    })
 }
 
 /// Dials TCP + TLS for the gRPC channel and records the server's certificate.

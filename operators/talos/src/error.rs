@@ -73,6 +73,10 @@ pub enum ErrorKind {
     Internal,
     /// The reply could not be used (empty, malformed, bad archive or YAML).
     Protocol,
+    /// A pinned maintenance connection met another machine: its certificate's public key is
+    /// not the recorded identity. Not transient: a human must accept the new machine (or
+    /// put the old one back).
+    IdentityMismatch,
 }
 
 impl ErrorKind {
@@ -92,6 +96,7 @@ impl ErrorKind {
             Self::Unimplemented => "Unimplemented",
             Self::Internal => "Internal",
             Self::Protocol => "ProtocolError",
+            Self::IdentityMismatch => "IdentityMismatch",
         }
     }
 
@@ -196,6 +201,15 @@ pub enum Error {
         source: BoxError,
     },
 
+    #[error(
+        "the machine at {endpoint} presents identity {presented}, not the recorded {expected}: another machine answers at this address; nothing was sent"
+    )]
+    IdentityMismatch {
+        endpoint: String,
+        expected: String,
+        presented: String,
+    },
+
     #[error("connecting to Talos API at {endpoint} timed out after {after:?}")]
     ConnectTimedOut { endpoint: String, after: Duration },
 
@@ -235,6 +249,7 @@ impl Error {
             Self::Connect { kind, .. } | Self::Rpc { kind, .. } => *kind,
             Self::ConnectTimedOut { .. } | Self::TimedOut { .. } => ErrorKind::TimedOut,
             Self::Protocol { .. } => ErrorKind::Protocol,
+            Self::IdentityMismatch { .. } => ErrorKind::IdentityMismatch,
         }
     }
 

@@ -1,9 +1,13 @@
 //! TLS for the two Talos connection modes, and the server-certificate fingerprints.
 //!
 //! * Maintenance: the server certificate comes from an ephemeral in-memory CA, so it cannot
-//!   be verified. [`AcceptAnyServerCert`] accepts any end-entity certificate but still checks
+//!   be verified. [`MaintenanceVerifier`] accepts any end-entity certificate but still checks
 //!   the handshake signature (Ed25519 included), so the peer provably holds the key of the
 //!   certificate it presented, and that certificate is what we fingerprint.
+//! * Maintenance, pinned: the same, but the certificate's public key must hash to the
+//!   identity recorded at discovery (or pinned by the user). The check runs inside the
+//!   handshake, so a machine with another key gets no byte of our request (a control plane's
+//!   config carries every cluster CA key).
 //! * Configured: mTLS with a [`ClientIdentity`]; the server is verified against its CA.
 //!
 //! Both offer ALPN `h2`, which Talos (grpc-go >= 1.67) requires, and use only the ring
@@ -137,9 +141,14 @@ fn with_alpn(mut config: ClientConfig) -> Arc<ClientConfig> {
 }
 
 /// Maintenance mode: no server verification beyond the handshake signature, no client cert.
-pub(crate) fn maintenance_config() -> Result<Arc<ClientConfig>, rustls::Error> {
-    let verifier = AcceptAnyServerCert {
+/// With `pin`, the server's public key must hash (SHA-256 of the SubjectPublicKeyInfo,
+/// lowercase hex) to it; a mismatch fails the handshake and is recorded in `pin`.
+pub(crate) fn maintenance_config(
+    pin: Option<Arc<IdentityPin>>,
+) -> Result<Arc<ClientConfig>, rustls::Error> {
+    let verifier = MaintenanceVerifier {
         algorithms: provider().signature_verification_algorithms,
+        pin,
     };
     Ok(with_alpn(
         builder()?
@@ -147,6 +156,51 @@ pub(crate) fn maintenance_config() -> Result<Arc<ClientConfig>, rustls::Error> {
             .with_custom_certificate_verifier(Arc::new(verifier))
             .with_no_client_auth(),
     ))
+}
+
+/// The identity a maintenance connection must meet, and what the server presented when it
+/// did not.
+#[derive(Debug)]
+pub(crate) struct IdentityPin {
+    expected: String,
+    presented: std::sync::Mutex<Option<String>>,
+}
+
+impl IdentityPin {
+    pub(crate) fn new(expected: &str) -> Self {
+        Self {
+            expected: expected.trim().to_ascii_lowercase(),
+            presented: std::sync::Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn expected(&self) -> &str {
+        &self.expected
+    }
+
+    /// The identity a refused server presented (`"unparsable"` for a certificate without a
+    /// readable public key), if any handshake was refused.
+    pub(crate) fn mismatch(&self) -> Option<String> {
+        self.presented
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn check(&self, end_entity: &[u8]) -> Result<(), rustls::Error> {
+        let presented = PeerCertificate::from_der(end_entity).public_key_sha256;
+        if presented.as_deref() == Some(self.expected.as_str()) {
+            return Ok(());
+        }
+        let presented = presented.unwrap_or_else(|| "unparsable".to_owned());
+        *self
+            .presented
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(presented);
+        Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::ApplicationVerificationFailure,
+        ))
+    }
 }
 
 /// Configured mode: server verified against the identity's CA, our certificate presented.
@@ -179,21 +233,26 @@ pub(crate) fn configured_config(
     Ok(with_alpn(config))
 }
 
-/// Accepts any server certificate, but still verifies the handshake signature with it.
+/// Accepts any server certificate (or, pinned, only one whose public key matches), and
+/// still verifies the handshake signature with it.
 #[derive(Debug)]
-struct AcceptAnyServerCert {
+struct MaintenanceVerifier {
     algorithms: WebPkiSupportedAlgorithms,
+    pin: Option<Arc<IdentityPin>>,
 }
 
-impl ServerCertVerifier for AcceptAnyServerCert {
+impl ServerCertVerifier for MaintenanceVerifier {
     fn verify_server_cert(
         &self,
-        _end_entity: &CertificateDer<'_>,
+        end_entity: &CertificateDer<'_>,
         _intermediates: &[CertificateDer<'_>],
         _server_name: &ServerName<'_>,
         _ocsp_response: &[u8],
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
+        if let Some(pin) = &self.pin {
+            pin.check(end_entity)?;
+        }
         Ok(ServerCertVerified::assertion())
     }
 
@@ -276,6 +335,41 @@ mod tests {
             sha256_hex(b"abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[test]
+    fn pin_accepts_only_the_recorded_public_key() {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let cert = |k: &rcgen::KeyPair| {
+            rcgen::CertificateParams::new(vec!["127.0.0.1".into()])
+                .unwrap()
+                .self_signed(k)
+                .unwrap()
+        };
+        let ours = cert(&key);
+        let identity = PeerCertificate::from_der(ours.der())
+            .public_key_sha256
+            .unwrap();
+        // Upper case and stray spaces in a user's pin still match.
+        let pin = IdentityPin::new(&format!(" {} ", identity.to_ascii_uppercase()));
+        assert!(pin.check(ours.der()).is_ok());
+        // A re-issued certificate over the same key still matches (Talos re-issues).
+        assert!(pin.check(cert(&key).der()).is_ok());
+        assert_eq!(pin.mismatch(), None);
+        let theirs = cert(&other);
+        assert!(matches!(
+            pin.check(theirs.der()),
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure
+            ))
+        ));
+        assert_eq!(
+            pin.mismatch(),
+            PeerCertificate::from_der(theirs.der()).public_key_sha256
+        );
+        assert!(pin.check(b"not a certificate").is_err());
+        assert_eq!(pin.mismatch().as_deref(), Some("unparsable"));
     }
 
     #[test]

@@ -115,6 +115,8 @@ struct Fake {
     bootstrapped: AtomicBool,
     /// Every `node` metadata value seen by Version ("" when absent).
     nodes: std::sync::Mutex<Vec<String>>,
+    /// ApplyConfiguration requests received.
+    applies: std::sync::atomic::AtomicU32,
 }
 
 fn kubeconfig_archive(body: &[u8]) -> Vec<u8> {
@@ -178,6 +180,7 @@ impl MachineService for Fake {
         &self,
         request: Request<pb::ApplyConfigurationRequest>,
     ) -> Result<Response<pb::ApplyConfigurationResponse>, Status> {
+        self.applies.fetch_add(1, Ordering::SeqCst);
         let req = request.into_inner();
         if !req.data.starts_with(b"version: v1alpha1") {
             return Err(Status::invalid_argument(
@@ -522,6 +525,50 @@ async fn maintenance_version_discovery_and_fingerprint() {
         ErrorKind::Unimplemented,
         "fake's State/Get is a default stub"
     );
+}
+
+#[tokio::test]
+async fn pinned_maintenance_sends_nothing_to_another_machine() {
+    let served = serve(Fake::default(), &ca("maintenance"), None).await;
+    let recorded = TalosClient::connect_maintenance(&served.endpoint(), short())
+        .await
+        .unwrap()
+        .peer_certificate()
+        .unwrap()
+        .public_key_sha256
+        .unwrap();
+
+    // The machine that was discovered: the pin holds, calls go through.
+    let client = TalosClient::connect_maintenance_pinned(&served.endpoint(), &recorded, short())
+        .await
+        .unwrap();
+    client
+        .apply_configuration(b"version: v1alpha1\n".to_vec(), ApplyMode::Reboot)
+        .await
+        .unwrap();
+    assert_eq!(served.fake.applies.load(Ordering::SeqCst), 1);
+
+    // Another machine at the address (its key hashes to something else): refused in the
+    // handshake, typed, not transient, and no request reached it.
+    let other = "0".repeat(64);
+    let err = TalosClient::connect_maintenance_pinned(&served.endpoint(), &other, short())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::IdentityMismatch, "{err:?}");
+    assert_eq!(err.reason(), "IdentityMismatch");
+    assert!(!err.is_transient());
+    match &err {
+        kontinuum_talos::Error::IdentityMismatch {
+            expected,
+            presented,
+            ..
+        } => {
+            assert_eq!(expected, &other);
+            assert_eq!(presented, &recorded);
+        }
+        other => panic!("unexpected error {other:?}"),
+    }
+    assert_eq!(served.fake.applies.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
