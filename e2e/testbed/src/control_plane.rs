@@ -12,6 +12,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::hostlet::HostletConfig;
 use crate::pki::{CertificateAuthority, Pki};
 use crate::process::Component;
 use crate::{Error, Tools};
@@ -23,6 +24,9 @@ const POD_CIDR: &str = "10.244.0.0/16";
 /// How long each start-up phase may take on a busy 2-core machine.
 const START_TIMEOUT: Duration = Duration::from_secs(90);
 const POLL: Duration = Duration::from_millis(100);
+
+/// The annotation that marks a node as KWOK's (value `fake`); KWOK manages only those.
+pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 
 /// Where the API server's audit log goes, relative to the control plane's directory.
 pub const AUDIT_LOG: &str = "logs/audit.log";
@@ -223,6 +227,36 @@ impl ControlPlane {
             .collect()
     }
 
+    /// The directory of the hostlet node `name`: pod logs are in
+    /// `pods/<namespace>_<pod>_<uid>/<container>.log` under it.
+    pub fn hostlet_dir(&self, name: &str) -> PathBuf {
+        self.dir.join("hostlets").join(name)
+    }
+
+    /// Starts a hostlet node (the `hostlet` binary, as one more component logging to
+    /// `logs/hostlet-<name>.log`) and waits until its Node is Ready. The hostlet is a child
+    /// of the calling thread: start it from the thread that keeps the control plane.
+    pub async fn start_hostlet(&mut self, hostlet: &HostletConfig) -> Result<PathBuf, Error> {
+        let dir = self.hostlet_dir(&hostlet.name);
+        create_dir(&dir)?;
+        self.components.push(Component::spawn_logged(
+            "hostlet",
+            &format!("hostlet-{}", hostlet.name),
+            &hostlet.binary,
+            &hostlet.args(&self.kubeconfig, &dir),
+            &self.dir.join("logs"),
+        )?);
+        let client = self.client.clone();
+        let names = [hostlet.name.clone()];
+        wait_for(
+            &mut self.components,
+            &format!("hostlet node {} Ready", hostlet.name),
+            || nodes_ready(&client, &names),
+        )
+        .await?;
+        Ok(dir)
+    }
+
     /// Fails if any component has exited.
     pub fn check_alive(&mut self) -> Result<(), Error> {
         self.components
@@ -274,7 +308,9 @@ fn spawn_controllers(
         &[
             format!("--kubeconfig={kcfg}"),
             format!("--config={}", path_str(&stages)),
-            "--manage-all-nodes=true".into(),
+            // Only KWOK's own fake nodes (created with this annotation): hostlet nodes and
+            // their pods are left to their hostlet.
+            format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
             format!("--cidr={POD_CIDR}"),
             format!("--node-ip={address}"),
             "--node-lease-duration-seconds=40".into(),
@@ -509,7 +545,7 @@ async fn create_node(client: &Client, name: &str) -> Result<(), Error> {
         "kind": "Node",
         "metadata": {
             "name": name,
-            "annotations": { "kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0" },
+            "annotations": { KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0" },
             "labels": {
                 "type": "kwok",
                 "kubernetes.io/hostname": name,

@@ -12,6 +12,7 @@
 //! logs to `<dir>/logs/<component>.log`, which is kept after the run.
 
 mod control_plane;
+mod hostlet;
 mod pki;
 mod process;
 mod tools;
@@ -25,8 +26,10 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 
 pub use control_plane::{
-    AUDIT_LOG, ControlPlane, ControlPlaneConfig, FIRST_SERVICE_IP, client_from, free_port,
+    AUDIT_LOG, ControlPlane, ControlPlaneConfig, FIRST_SERVICE_IP, KWOK_NODE_ANNOTATION,
+    client_from, free_port,
 };
+pub use hostlet::HostletConfig;
 pub use pki::{CertPair, CertificateAuthority, Pki};
 pub use tools::{BIN_ENV, BUILD_SCRIPT, Tools};
 

@@ -33,7 +33,19 @@ impl Component {
         args: &[String],
         log_dir: &Path,
     ) -> Result<Self, Error> {
-        let log = log_dir.join(format!("{name}.log"));
+        Self::spawn_logged(name, name, bin, args, log_dir)
+    }
+
+    /// Like [`Component::spawn`], logging to `<log_dir>/<log_stem>.log` (for several
+    /// components of one kind, such as hostlets).
+    pub fn spawn_logged(
+        name: &'static str,
+        log_stem: &str,
+        bin: &Path,
+        args: &[String],
+        log_dir: &Path,
+    ) -> Result<Self, Error> {
+        let log = log_dir.join(format!("{log_stem}.log"));
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

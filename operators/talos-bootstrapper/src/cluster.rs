@@ -896,6 +896,10 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
             }
         }
     }
+    // 10. Scale-down: members this cluster configured that their pool has released.
+    if !reset_released(&mut run, &members, &endpoint, &identity).await {
+        pending = true;
+    }
     let cp_ready = run.is_true(Cond::ControlPlaneReady);
     set_addons(&mut run, &addons, cp_ready);
     if pending {
@@ -903,6 +907,63 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
     }
     run.status.observed_generation = cluster.metadata.generation;
     run.finish(action).await
+}
+
+/// Scale-down: every machine this cluster configured (`status.configuredInstances`) whose
+/// pool released it is reset to maintenance mode, gracefully (a worker leaves its cluster, a
+/// control plane leaves etcd), its conditions cleared and its name forgotten, so it can
+/// serve another cluster. The endpoint member is never reset here. An Instance that is gone
+/// is forgotten (deleting one resets it first: the instance-reset controller). Returns
+/// whether nothing is left to do.
+async fn reset_released(
+    run: &mut Run<'_>,
+    members: &Members,
+    endpoint: &Member,
+    identity: &ClientIdentity,
+) -> bool {
+    let ctx = run.ctx;
+    let ns = run.cluster.namespace().unwrap_or_default();
+    let api: Api<Instance> = Api::namespaced(ctx.client.clone(), &ns);
+    let released: Vec<String> = run
+        .status
+        .configured_instances
+        .iter()
+        .filter(|n| members.get(n).is_none() && **n != endpoint.name)
+        .cloned()
+        .collect();
+    let mut done = true;
+    for name in released {
+        let Some(instance) = ctx.instances.get(&ObjectRef::new(&name).within(&ns)) else {
+            run.status.configured_instances.retain(|n| *n != name);
+            continue;
+        };
+        let member = Member::from_instance(&instance, "", Role::Worker);
+        let reset = ctx
+            .settings
+            .dialer
+            .reset(&member, identity, true, &ctx.metrics)
+            .await;
+        let cleared = match reset {
+            Ok(_) => write_member_conditions(&api, &name, &[]).await,
+            Err(err) => Err(err),
+        };
+        if let Err(err) = cleared {
+            warn!(instance = %name, error = &err as &dyn std::error::Error, "resetting a released machine failed; retrying");
+            done = false;
+            continue;
+        }
+        info!(instance = %name, "released machine reset to maintenance mode");
+        run.status.configured_instances.retain(|n| *n != name);
+        ctx.events
+            .normal(
+                &run.cluster.object_ref(&()),
+                "Reset",
+                "ScaleDown",
+                format!("reset {name} to maintenance mode: its pool released it"),
+            )
+            .await;
+    }
+    done
 }
 
 /// Records `Bootstrapped=True` at once (the cluster status first), so that a crash after
