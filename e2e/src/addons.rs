@@ -16,13 +16,14 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::task::JoinHandle;
 
+use crate::Operator;
 use crate::testbed::{ControlPlane, ControlPlaneConfig, Tools};
-use crate::{FIELD_MANAGER, Operator};
 
 /// The fixture charts, by directory name under `e2e/fixtures/charts/`.
 pub const FIXTURE_CHARTS: [&str; 3] = ["gateway-api-crds", "cilium", "cert-manager"];
 
-/// ClusterRole the chart will give the addon-installer (tests run it with exactly this).
+/// ClusterRole holding the rules the chart (`charts/kontinuum`) gives the addon-installer
+/// (tests run it with exactly these).
 pub const ADDON_INSTALLER_ROLE: &str = "kontinuum-addon-installer-e2e";
 
 /// A Helm chart repository serving the packaged fixture charts over HTTP on loopback.
@@ -144,31 +145,12 @@ async fn serve_file(mut stream: tokio::net::TcpStream, root: &Path) -> std::io::
     stream.shutdown().await
 }
 
-/// Creates (or updates) [`ADDON_INSTALLER_ROLE`]: Addons and their status and finalizers;
-/// TalosClusters (read); Secrets (read: the kubeconfigs); Events; Leases.
+/// Creates (or updates) [`ADDON_INSTALLER_ROLE`] from the chart's rendered RBAC (`helm
+/// template`): Addons, their status; TalosClusters (read); Secrets (read: the kubeconfigs);
+/// Events; its Lease.
 pub async fn install_addon_installer_role(client: &Client) -> anyhow::Result<()> {
-    use k8s_openapi::api::rbac::v1::ClusterRole;
-    let role: ClusterRole = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": ADDON_INSTALLER_ROLE },
-        "rules": [
-            { "apiGroups": ["kontinuum.sh"], "resources": ["addons"], "verbs": ["get", "list", "watch", "update", "patch"] },
-            { "apiGroups": ["kontinuum.sh"], "resources": ["addons/status"], "verbs": ["get", "patch"] },
-            { "apiGroups": ["kontinuum.sh"], "resources": ["addons/finalizers"], "verbs": ["update"] },
-            { "apiGroups": ["kontinuum.sh"], "resources": ["talosclusters"], "verbs": ["get", "list", "watch"] },
-            { "apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"] },
-            { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
-            { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update", "patch"] }
-        ]
-    }))?;
-    Api::<ClusterRole>::all(client.clone())
-        .patch(
-            ADDON_INSTALLER_ROLE,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&role),
-        )
+    crate::chart::apply_operator_cluster_roles(client, &[("addon-installer", ADDON_INSTALLER_ROLE)])
         .await
-        .context("applying the addon-installer ClusterRole")?;
-    Ok(())
 }
 
 /// Starts the addon-installer (`bin`) watching `namespace`, with the test bed's helm (unless

@@ -1,4 +1,4 @@
-//! talos-bootstrapper test support: the ClusterRole the chart will give it, and a rig that
+//! talos-bootstrapper test support: the ClusterRole with the chart's rules for it, and a rig that
 //! runs a zone's hub objects (Instances, InstancePools, a TalosCluster) against the Talos
 //! emulator with instance-discovery, pool-claimer and talos-bootstrapper as processes.
 
@@ -13,40 +13,23 @@ use kontinuum_crds::v1alpha2::{Addon, Instance, InstancePool, TalosCluster};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt as _};
 
-use crate::{FIELD_MANAGER, Operator, eventually, service_account_kubeconfig, testbed};
+use crate::{Operator, eventually, service_account_kubeconfig, testbed};
 
-/// ClusterRole the chart will give talos-bootstrapper.
+/// ClusterRole holding the rules the chart (`charts/kontinuum`) gives talos-bootstrapper.
 pub const TALOS_BOOTSTRAPPER_ROLE: &str = "kontinuum-talos-bootstrapper-e2e";
 
-/// Creates (or updates) [`TALOS_BOOTSTRAPPER_ROLE`] (and the roles of
-/// [`crate::install_operator_roles`]).
+/// Creates (or updates) [`TALOS_BOOTSTRAPPER_ROLE`] and the roles of
+/// [`crate::install_operator_roles`], from the chart's rendered RBAC (`helm template`).
 pub async fn install_role(client: &Client) -> anyhow::Result<()> {
-    use k8s_openapi::api::rbac::v1::ClusterRole;
-    crate::install_operator_roles(client).await?;
-    let rules = serde_json::json!([
-        { "apiGroups": ["kontinuum.sh"], "resources": ["talosclusters"], "verbs": ["get", "list", "watch", "update", "patch"] },
-        { "apiGroups": ["kontinuum.sh"], "resources": ["talosclusters/status"], "verbs": ["get", "patch"] },
-        { "apiGroups": ["kontinuum.sh"], "resources": ["talosclusters/finalizers"], "verbs": ["update"] },
-        { "apiGroups": ["kontinuum.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch", "patch", "delete"] },
-        { "apiGroups": ["kontinuum.sh"], "resources": ["instances/status"], "verbs": ["get", "patch"] },
-        { "apiGroups": ["kontinuum.sh"], "resources": ["addons"], "verbs": ["get", "list", "watch", "create"] },
-        { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools"], "verbs": ["get", "list", "watch"] },
-        { "apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch", "create", "patch", "update"] },
-        { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
-        { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update", "patch"] },
-    ]);
-    let role: ClusterRole = serde_json::from_value(
-        serde_json::json!({ "metadata": { "name": TALOS_BOOTSTRAPPER_ROLE }, "rules": rules }),
-    )?;
-    Api::<ClusterRole>::all(client.clone())
-        .patch(
-            TALOS_BOOTSTRAPPER_ROLE,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&role),
-        )
-        .await
-        .context("applying the talos-bootstrapper ClusterRole")?;
-    Ok(())
+    crate::chart::apply_operator_cluster_roles(
+        client,
+        &[
+            ("instance-discovery", crate::INSTANCE_DISCOVERY_ROLE),
+            ("pool-claimer", crate::POOL_CLAIMER_ROLE),
+            ("talos-bootstrapper", TALOS_BOOTSTRAPPER_ROLE),
+        ],
+    )
+    .await
 }
 
 /// Creates Instance `name` dialled at `address`, labelled `role=<role>`.

@@ -20,6 +20,7 @@ pub use kontinuum_testbed as testbed;
 
 pub mod addons;
 pub mod bootstrapper;
+pub mod chart;
 
 /// Field manager of everything the tests apply.
 pub const FIELD_MANAGER: &str = "kontinuum-e2e";
@@ -324,14 +325,13 @@ pub async fn service_account_kubeconfig_for(
     name: &str,
     cluster_role: &str,
 ) -> anyhow::Result<PathBuf> {
-    use k8s_openapi::api::authentication::v1::TokenRequest;
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 
     let sa: ServiceAccount =
         serde_json::from_value(serde_json::json!({ "metadata": { "name": name } }))?;
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-    sas.create(&PostParams::default(), &sa)
+    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &sa)
         .await
         .context("creating the ServiceAccount")?;
     let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
@@ -343,27 +343,7 @@ pub async fn service_account_kubeconfig_for(
         .create(&PostParams::default(), &binding)
         .await
         .context("binding the ServiceAccount")?;
-    let request: TokenRequest = serde_json::from_value(serde_json::json!({
-        "spec": { "audiences": [], "expirationSeconds": 3600 }
-    }))?;
-    let token = sas
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .context("requesting a token")?
-        .status
-        .context("token request without status")?
-        .token
-        .context("token request without a token")?;
-    let mut kubeconfig = kube::config::Kubeconfig::from_yaml(admin_kubeconfig)?;
-    for auth in &mut kubeconfig.auth_infos {
-        auth.auth_info = Some(kube::config::AuthInfo {
-            token: Some(token.clone().into()),
-            ..kube::config::AuthInfo::default()
-        });
-    }
-    let path = dir.join(format!("kubeconfig-{namespace}-{name}"));
-    std::fs::write(&path, serde_json::to_string(&kubeconfig)?)?;
-    Ok(path)
+    chart::token_kubeconfig(client, admin_kubeconfig, dir, namespace, name).await
 }
 
 /// The user name of a ServiceAccount, as the API server (and its audit log) knows it.
@@ -433,49 +413,22 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// ClusterRole the chart will give instance-discovery (the chart does not exist yet; tests
-/// run the operator with exactly this, not as admin).
+/// ClusterRole holding the rules the chart (`charts/kontinuum`) gives instance-discovery;
+/// tests bind their ServiceAccounts to it, so the operator runs with exactly those
+/// permissions, not as admin. See [`chart::apply_operator_cluster_roles`].
 pub const INSTANCE_DISCOVERY_ROLE: &str = "kontinuum-instance-discovery-e2e";
-/// ClusterRole the chart will give pool-claimer.
+/// ClusterRole holding the rules the chart gives pool-claimer.
 pub const POOL_CLAIMER_ROLE: &str = "kontinuum-pool-claimer-e2e";
 
-/// Creates (or updates) [`INSTANCE_DISCOVERY_ROLE`] and [`POOL_CLAIMER_ROLE`].
+/// Creates (or updates) [`INSTANCE_DISCOVERY_ROLE`] and [`POOL_CLAIMER_ROLE`] from the
+/// chart's rendered RBAC (`helm template`).
 pub async fn install_operator_roles(client: &Client) -> anyhow::Result<()> {
-    use k8s_openapi::api::rbac::v1::ClusterRole;
-    let leases = serde_json::json!({ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update", "patch"] });
-    let events = serde_json::json!({ "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] });
-    let roles = [
-        (
-            INSTANCE_DISCOVERY_ROLE,
-            serde_json::json!([
-                { "apiGroups": ["kontinuum.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch"] },
-                { "apiGroups": ["kontinuum.sh"], "resources": ["instances/status"], "verbs": ["get", "patch"] },
-                events, leases
-            ]),
-        ),
-        (
-            POOL_CLAIMER_ROLE,
-            serde_json::json!([
-                { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools"], "verbs": ["get", "list", "watch", "update", "patch"] },
-                { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools/status"], "verbs": ["get", "patch"] },
-                { "apiGroups": ["kontinuum.sh"], "resources": ["instancepools/finalizers"], "verbs": ["update"] },
-                { "apiGroups": ["kontinuum.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch", "patch"] },
-                events, leases
-            ]),
-        ),
-    ];
-    let api: Api<ClusterRole> = Api::all(client.clone());
-    for (name, rules) in roles {
-        let role: ClusterRole = serde_json::from_value(
-            serde_json::json!({ "metadata": { "name": name }, "rules": rules }),
-        )?;
-        api.patch(
-            name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&role),
-        )
-        .await
-        .with_context(|| format!("applying ClusterRole {name}"))?;
-    }
-    Ok(())
+    chart::apply_operator_cluster_roles(
+        client,
+        &[
+            ("instance-discovery", INSTANCE_DISCOVERY_ROLE),
+            ("pool-claimer", POOL_CLAIMER_ROLE),
+        ],
+    )
+    .await
 }

@@ -1261,9 +1261,19 @@ async fn prepare(
     // Parents before children, as runtimes mount them.
     volume_mounts.sort_by_key(|m| m.target.components().count());
     mounts.extend(volume_mounts);
+    // Executed at its in-image path (the bind mount), as a runtime would: the pod's own
+    // mounts may hide the host path (an emptyDir at /tmp over a build under /tmp).
+    let program = resolved
+        .files
+        .iter()
+        .find(|(_, host)| **host == resolved.program && host.exists())
+        .map_or_else(
+            || resolved.program.clone(),
+            |(inside, _)| PathBuf::from(inside),
+        );
     let sc = container.security_context.as_ref();
     Ok(ExecSpec {
-        program: Some(resolved.program),
+        program: Some(program),
         argv: resolved.argv,
         env: envs,
         working_dir: container
