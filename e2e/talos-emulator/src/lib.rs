@@ -6,8 +6,12 @@
 //!   `kontinuum_talos_config::parse_machine_config`).
 //! * Configured mode: mTLS against the OS CA of the applied config (`os:admin`, EKU exactly
 //!   clientAuth); Bootstrap starts a REAL control plane from the test bed on the machine's
-//!   address; Kubeconfig, HealthCheck, Reset; workers join the cluster of the same id as KWOK
-//!   nodes.
+//!   address; Kubeconfig, HealthCheck, Reset; workers join the cluster of the same id.
+//! * Each machine of a cluster is a **hostlet** node by default ([`nodes`]): named after its
+//!   hostname, InternalIP its address, pods of our image (`kontinuum:<any tag>`, binaries
+//!   found next to the emulator's executable) run as real processes, others are pretended
+//!   Running/Ready as KWOK does. A reset worker's hostlet stops and its Node is removed.
+//!   [`NodeAgent::Kwok`] (`--node-agent kwok`) keeps KWOK nodes.
 //! * Faults injected per machine ([`Fault`]), in process or through the HTTP control
 //!   interface ([`control`]).
 //!
@@ -17,6 +21,7 @@ pub mod control;
 pub mod core;
 mod error;
 mod machine;
+pub mod nodes;
 pub mod pki;
 mod service;
 
@@ -35,6 +40,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 pub use crate::core::Mode;
 pub use crate::error::Error;
+pub use crate::nodes::{NodeAgent, NodeSettings};
 pub use crate::service::TALOS_TAG;
 
 use crate::core::Facts;
@@ -47,7 +53,8 @@ pub const DEFAULT_PORT: u16 = 50000;
 /// The Kubernetes API port of a bootstrapped control plane.
 pub const DEFAULT_API_PORT: u16 = 6443;
 
-/// What to emulate.
+/// What to emulate. How bootstrapped clusters get their nodes is [`NodeSettings`], passed to
+/// [`Emulator::start_with`] ([`Emulator::start`] uses the default: hostlet nodes).
 #[derive(Clone, Debug)]
 pub struct Settings {
     /// Number of machines.
@@ -106,8 +113,14 @@ pub struct Emulator {
 }
 
 impl Emulator {
-    /// Binds every machine's listener (and the control interface) and starts serving.
+    /// Binds every machine's listener (and the control interface) and starts serving;
+    /// bootstrapped clusters get hostlet nodes ([`NodeSettings::default`]).
     pub async fn start(settings: Settings) -> Result<Self, Error> {
+        Self::start_with(settings, NodeSettings::default()).await
+    }
+
+    /// [`Emulator::start`] with the given node agent settings.
+    pub async fn start_with(settings: Settings, nodes: NodeSettings) -> Result<Self, Error> {
         kontinuum_testbed::install_crypto_provider();
         if settings.machines == 0 {
             return Err(Error::Settings("at least one machine"));
@@ -125,7 +138,13 @@ impl Emulator {
 
         let mut load_error = None;
         let shared = Arc::new_cyclic(|weak| {
-            let mut shared = Shared::new(settings.api_port);
+            let mut shared = Shared::new(
+                settings.api_port,
+                settings.first_address,
+                settings.machines,
+                settings.dir.clone(),
+                nodes,
+            );
             for (index, n) in (first..first + count).enumerate() {
                 let facts = Facts {
                     index,

@@ -1,7 +1,13 @@
 //! One emulated machine at run time: its core state behind a lock, its files under
 //! `<dir>/<address>/`, its listener (TLS chosen per connection from the current mode), its
-//! injected faults, and — on a bootstrapped control plane — its real test-bed cluster.
+//! injected faults, and — on a bootstrapped control plane — its real test-bed cluster, whose
+//! machines are hostlet (or KWOK) nodes (see [`crate::nodes`]).
+//!
+//! Processes of a cluster — the control plane's components, its own hostlet and the hostlets
+//! of workers that joined — are started from the cluster's tasks on the emulator's runtime,
+//! whose threads they die with (parent-death signal), and are stopped with the cluster.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -12,7 +18,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kontinuum_talos_config::{CertAndKey, ParsedConfig, Sensitive, parse_machine_config};
-use kontinuum_testbed::{ControlPlane, ControlPlaneConfig, Tools};
+use kontinuum_testbed::{ControlPlane, ControlPlaneConfig, Hostlet, HostletConfig, Tools};
 use kube::api::{Api, DeleteParams, PostParams};
 use rustls::ServerConfig;
 use serde::{Deserialize, Serialize};
@@ -24,6 +30,7 @@ use tonic::transport::server::Connected;
 
 use crate::core::{self, Core, Effects, Facts, KnownControlPlane, Mode, Refusal, Role};
 use crate::error::Error;
+use crate::nodes::{self, Agent, NodeSettings};
 use crate::pki;
 
 /// Emulator-wide settings and the list of machines (so that machines find their cluster).
@@ -31,16 +38,64 @@ pub(crate) struct Shared {
     pub machines: Vec<Arc<Machine>>,
     /// Port of every control plane's API server; 0 picks a free one per bootstrap.
     pub api_port: u16,
+    /// The first machine's address and the machine count (for pod ranges).
+    first_address: Ipv4Addr,
+    machine_count: usize,
+    /// The emulator's state directory (the default image map is written there).
+    dir: PathBuf,
+    node_settings: NodeSettings,
     tools: Mutex<Option<Tools>>,
+    /// The node agent, resolved on first use.
+    agent: Mutex<Option<Agent>>,
 }
 
 impl Shared {
-    pub fn new(api_port: u16) -> Self {
+    pub fn new(
+        api_port: u16,
+        first_address: Ipv4Addr,
+        machine_count: usize,
+        dir: PathBuf,
+        node_settings: NodeSettings,
+    ) -> Self {
         Self {
             machines: Vec::new(),
             api_port,
+            first_address,
+            machine_count,
+            dir,
+            node_settings,
             tools: Mutex::new(None),
+            agent: Mutex::new(None),
         }
+    }
+
+    /// The node agent of new clusters (resolved once: a missing hostlet is warned about once).
+    fn agent(&self) -> Agent {
+        let mut cached = lock(&self.agent);
+        if let Some(agent) = cached.as_ref() {
+            return agent.clone();
+        }
+        let helm = self.tools().ok().map(|t| t.path("helm"));
+        let agent = nodes::resolve(&self.node_settings, &self.dir, helm.as_deref());
+        *cached = Some(agent.clone());
+        agent
+    }
+
+    /// The pod range of the machine at `address`.
+    fn pod_cidr(&self, address: Ipv4Addr) -> Option<String> {
+        let index = self
+            .machines
+            .iter()
+            .position(|m| m.facts.address == address)?;
+        nodes::pod_cidr(self.first_address, self.machine_count, index)
+    }
+
+    /// Whether the machine at `address` is a configured worker of the cluster `cluster_id`
+    /// named `hostname`.
+    fn is_worker_of(&self, cluster_id: Option<&String>, address: Ipv4Addr, hostname: &str) -> bool {
+        self.workers_of(cluster_id)
+            .iter()
+            .any(|(a, h)| *a == address && h == hostname)
     }
 
     fn tools(&self) -> Result<Tools, kontinuum_testbed::Error> {
@@ -143,6 +198,11 @@ pub(crate) struct Cluster {
     pub server: String,
     pub phase: tokio::sync::Mutex<Phase>,
     start: Mutex<Option<JoinHandle<()>>>,
+    /// What runs its machines' Nodes.
+    agent: Agent,
+    /// The hostlets of the workers that joined, by node name. The lock also orders joins and
+    /// leaves, so that a worker that left is never joined again by a late join.
+    workers: tokio::sync::Mutex<BTreeMap<String, Hostlet>>,
 }
 
 impl Cluster {
@@ -161,6 +221,10 @@ impl Cluster {
         if let Some(start) = start {
             start.abort();
             let _ = start.await;
+        }
+        let workers = std::mem::take(&mut *self.workers.lock().await);
+        for (_, hostlet) in workers {
+            hostlet.stop().await;
         }
         let phase = std::mem::replace(&mut *self.phase.lock().await, Phase::Stopped);
         if let Phase::Running(cp) = phase {
@@ -419,7 +483,9 @@ impl Machine {
         tracing::info!(instance = %self.facts.address, "applied machine config");
         if worker && let Some(cluster) = shared.cluster(cluster_id.as_ref()) {
             let hostname = self.lock().core.hostname(&self.facts);
-            tokio::spawn(async move { join_worker(&cluster, &hostname).await });
+            let address = self.facts.address;
+            let weak = Arc::downgrade(&shared);
+            tokio::spawn(async move { join_worker(&cluster, &weak, address, &hostname).await });
         }
         Ok(())
     }
@@ -491,54 +557,55 @@ impl Machine {
             })
         })?;
         write_private(&self.dir.join(BOOTSTRAP_FILE), &record).map_err(|e| internal(&e))?;
+        let agent = shared.agent();
+        let hostlet = match &agent {
+            Agent::Kwok => None,
+            Agent::Hostlet { binary, image_map } => Some(hostlet_config(
+                &hostname,
+                self.facts.address,
+                shared.pod_cidr(self.facts.address),
+                image_map,
+                binary,
+            )),
+        };
         let cluster = Arc::new(Cluster {
             id: config.cluster_id.clone(),
             server: format!("https://{}", SocketAddr::new(address, port)),
             phase: tokio::sync::Mutex::new(Phase::Starting),
             start: Mutex::new(None),
+            agent,
+            workers: tokio::sync::Mutex::new(BTreeMap::new()),
         });
         let cp_config = ControlPlaneConfig {
             dir: self.dir.join("control-plane"),
             address,
             port,
-            nodes: vec![hostname.clone()],
+            // A hostlet registers its own Node once the control plane runs.
+            nodes: if hostlet.is_some() {
+                Vec::new()
+            } else {
+                vec![hostname.clone()]
+            },
             extra_dns: vec![hostname],
             ca: Some(ca),
         };
         *lock(&self.cluster) = Some(Arc::clone(&cluster));
         tracing::info!(instance = %self.facts.address, "bootstrapping");
-        let task_cluster = Arc::clone(&cluster);
-        let weak = Arc::downgrade(&shared);
-        let handle = tokio::spawn(async move {
-            let started = Box::pin(ControlPlane::start(&tools, cp_config)).await;
-            let mut phase = task_cluster.phase.lock().await;
-            match started {
-                Ok(cp) => {
-                    tracing::info!(cluster = %task_cluster.server, "control plane ready");
-                    *phase = Phase::Running(Box::new(cp));
-                }
-                Err(err) => {
-                    tracing::warn!(
-                        error = &err as &dyn std::error::Error,
-                        "control plane failed"
-                    );
-                    *phase = Phase::Failed(kontinuum_testbed::error_chain(&err));
-                    return;
-                }
-            }
-            drop(phase);
-            if let Some(shared) = weak.upgrade() {
-                for (_, hostname) in shared.workers_of(task_cluster.id.as_ref()) {
-                    join_worker(&task_cluster, &hostname).await;
-                }
-            }
-        });
+        // The control plane's processes and its hostlet are children of the thread running
+        // this task: a thread of the emulator's runtime, which lives as long as the emulator.
+        let handle = tokio::spawn(run_cluster(
+            Arc::clone(&cluster),
+            Arc::downgrade(&shared),
+            tools,
+            cp_config,
+            hostlet,
+        ));
         *lock(&cluster.start) = Some(handle);
         Ok(())
     }
 
-    /// Reset or reboot effects: stop the control plane, remove the worker's node, wipe
-    /// files, forget the identity.
+    /// Reset or reboot effects: stop the control plane (and every hostlet of its cluster),
+    /// remove the worker's node (stopping its hostlet first), wipe files, forget the identity.
     pub(crate) async fn carry_out(&self, effects: Effects) -> Result<(), Error> {
         if effects.stop_control_plane {
             let cluster = lock(&self.cluster).take();
@@ -622,17 +689,130 @@ pub(crate) fn internal(err: &Error) -> tonic::Status {
     tonic::Status::internal(kontinuum_testbed::error_chain(err))
 }
 
-/// Creates the worker's KWOK Node in the cluster (KWOK marks it Ready).
-async fn join_worker(cluster: &Cluster, hostname: &str) {
+/// Starts a cluster's control plane and the node of its machine (a hostlet, or a KWOK node
+/// if hostlets are off or the hostlet does not come up), then joins the cluster's workers.
+async fn run_cluster(
+    cluster: Arc<Cluster>,
+    shared: Weak<Shared>,
+    tools: Tools,
+    config: ControlPlaneConfig,
+    hostlet: Option<HostletConfig>,
+) {
+    let started = Box::pin(ControlPlane::start(&tools, config)).await;
+    let started = match (started, hostlet) {
+        (Ok(mut cp), Some(hostlet)) => {
+            if let Err(err) = cp.start_hostlet(&hostlet).await {
+                tracing::warn!(
+                    node = %hostlet.name,
+                    error = &err as &dyn std::error::Error,
+                    "the hostlet node did not come up; joining as a kwok node"
+                );
+                create_kwok_node(&cp.client(), &hostlet.name).await;
+            }
+            Ok(cp)
+        }
+        (started, _) => started,
+    };
+    let mut phase = cluster.phase.lock().await;
+    match started {
+        Ok(cp) => {
+            tracing::info!(cluster = %cluster.server, "control plane ready");
+            *phase = Phase::Running(Box::new(cp));
+        }
+        Err(err) => {
+            tracing::warn!(
+                error = &err as &dyn std::error::Error,
+                "control plane failed"
+            );
+            *phase = Phase::Failed(kontinuum_testbed::error_chain(&err));
+            return;
+        }
+    }
+    drop(phase);
+    let workers = shared
+        .upgrade()
+        .map(|s| s.workers_of(cluster.id.as_ref()))
+        .unwrap_or_default();
+    for (address, hostname) in workers {
+        join_worker(&cluster, &shared, address, &hostname).await;
+    }
+}
+
+/// The hostlet of the node `name` at `address`: pods on their own addresses from
+/// `pod_cidr`, unmapped images pretended Running/Ready as KWOK does.
+fn hostlet_config(
+    name: &str,
+    address: Ipv4Addr,
+    pod_cidr: Option<String>,
+    image_map: &Path,
+    binary: &Path,
+) -> HostletConfig {
+    let mut config = HostletConfig::new(name, address, image_map, binary);
+    config.pod_cidr = pod_cidr;
+    config.pretend_unmapped = true;
+    config
+}
+
+/// A worker joins its cluster: a hostlet node of its own, started against the cluster's API
+/// server (a KWOK Node if hostlets are off or its hostlet does not come up). A no-op while
+/// the control plane is starting (its start joins the workers), for a node already there,
+/// and for a worker that has left since.
+async fn join_worker(cluster: &Cluster, shared: &Weak<Shared>, address: Ipv4Addr, hostname: &str) {
     let Ok(client) = cluster.client().await else {
         return; // joined when the control plane is up
     };
+    let mut workers = cluster.workers.lock().await;
+    let Some(shared) = shared.upgrade() else {
+        return;
+    };
+    if workers.contains_key(hostname)
+        || !shared.is_worker_of(cluster.id.as_ref(), address, hostname)
+    {
+        return;
+    }
+    let Agent::Hostlet { binary, image_map } = &cluster.agent else {
+        create_kwok_node(&client, hostname).await;
+        return;
+    };
+    let config = hostlet_config(
+        hostname,
+        address,
+        shared.pod_cidr(address),
+        image_map,
+        binary,
+    );
+    drop(shared);
+    let (cluster_dir, kubeconfig) = match &*cluster.phase.lock().await {
+        Phase::Running(cp) => (cp.dir().to_path_buf(), cp.kubeconfig_path().to_path_buf()),
+        _ => return,
+    };
+    match Hostlet::start(&config, &cluster_dir, &kubeconfig, &client).await {
+        Ok(hostlet) => {
+            tracing::info!(node = hostname, "worker joined");
+            workers.insert(hostname.to_owned(), hostlet);
+        }
+        Err(err) => {
+            tracing::warn!(
+                node = hostname,
+                error = &err as &dyn std::error::Error,
+                "the worker's hostlet node did not come up; joining as a kwok node"
+            );
+            create_kwok_node(&client, hostname).await;
+        }
+    }
+}
+
+/// Creates a KWOK Node (KWOK marks it Ready and pretends its pods run).
+async fn create_kwok_node(client: &kube::Client, hostname: &str) {
     let node: Result<Node, _> = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": hostname,
-            "annotations": { "kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0" },
+            "annotations": {
+                kontinuum_testbed::KWOK_NODE_ANNOTATION: "fake",
+                "node.alpha.kubernetes.io/ttl": "0"
+            },
             "labels": {
                 "type": "kwok",
                 "kubernetes.io/hostname": hostname,
@@ -642,7 +822,7 @@ async fn join_worker(cluster: &Cluster, hostname: &str) {
         }
     }));
     let Ok(node) = node else { return };
-    match Api::<Node>::all(client)
+    match Api::<Node>::all(client.clone())
         .create(&PostParams::default(), &node)
         .await
     {
@@ -656,7 +836,12 @@ async fn join_worker(cluster: &Cluster, hostname: &str) {
     }
 }
 
+/// A worker leaves its cluster: its hostlet stops (its pods with it), then its Node goes.
 async fn leave_cluster(cluster: &Cluster, hostname: &str) {
+    let mut workers = cluster.workers.lock().await;
+    if let Some(hostlet) = workers.remove(hostname) {
+        hostlet.stop().await;
+    }
     let Ok(client) = cluster.client().await else {
         return;
     };

@@ -1,5 +1,6 @@
-//! `talos-emulator --machines N --first-address 127.10.0.1 --dir DIR`: prints
-//! `listening <address>` per machine and `control <addr>`, then serves until SIGINT/SIGTERM.
+//! `talos-emulator --machines N --first-address 127.10.0.1 --dir DIR [--node-agent
+//! hostlet|kwok] [--image-map FILE] [--hostlet-bin FILE]`: prints `listening <address>` per
+//! machine and `control <addr>`, then serves until SIGINT/SIGTERM.
 
 use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -7,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Parser;
-use talos_emulator::{DEFAULT_API_PORT, DEFAULT_PORT, Emulator, Settings};
+use talos_emulator::{DEFAULT_API_PORT, DEFAULT_PORT, Emulator, NodeAgent, NodeSettings, Settings};
 
 /// Many emulated Talos machines on consecutive loopback addresses.
 #[derive(Parser, Debug)]
@@ -31,6 +32,17 @@ struct Args {
     /// Address of the HTTP fault-injection interface.
     #[arg(long, default_value = "127.0.0.1:0")]
     control_addr: SocketAddr,
+    /// What runs each cluster machine's Node: `hostlet` (pods of our image run for real,
+    /// others are pretended Running/Ready) or `kwok` (every pod pretended).
+    #[arg(long, default_value = "hostlet")]
+    node_agent: NodeAgent,
+    /// The hostlets' image map (default: `kontinuum:<any tag>` with `/usr/local/bin/<name>`
+    /// for every executable next to this one, and the test bed's helm).
+    #[arg(long)]
+    image_map: Option<PathBuf>,
+    /// The hostlet binary (default: next to this executable).
+    #[arg(long)]
+    hostlet_bin: Option<PathBuf>,
     /// Log filter (also env TALOS_EMULATOR_LOG).
     #[arg(long, env = "TALOS_EMULATOR_LOG", default_value = "info")]
     log_level: String,
@@ -43,14 +55,21 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log_level))
         .with_writer(std::io::stderr)
         .init();
-    let emulator = Emulator::start(Settings {
-        machines: args.machines,
-        first_address: args.first_address,
-        port: args.port,
-        api_port: args.api_port,
-        dir: args.dir,
-        control_addr: Some(args.control_addr),
-    })
+    let emulator = Emulator::start_with(
+        Settings {
+            machines: args.machines,
+            first_address: args.first_address,
+            port: args.port,
+            api_port: args.api_port,
+            dir: args.dir,
+            control_addr: Some(args.control_addr),
+        },
+        NodeSettings {
+            agent: args.node_agent,
+            hostlet_binary: args.hostlet_bin,
+            image_map: args.image_map,
+        },
+    )
     .await
     .context("starting the emulator")?;
     {

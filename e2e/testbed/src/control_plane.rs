@@ -230,7 +230,7 @@ impl ControlPlane {
     /// The directory of the hostlet node `name`: pod logs are in
     /// `pods/<namespace>_<pod>_<uid>/<container>.log` under it.
     pub fn hostlet_dir(&self, name: &str) -> PathBuf {
-        self.dir.join("hostlets").join(name)
+        crate::hostlet::hostlet_dir(&self.dir, name)
     }
 
     /// Starts a hostlet node (the `hostlet` binary, as one more component logging to
@@ -464,7 +464,7 @@ current-context: testbed
 }
 
 /// Polls `check` until it returns `Ok(true)`, failing fast when a component exits.
-async fn wait_for<F, Fut>(
+pub(crate) async fn wait_for<F, Fut>(
     components: &mut [Component],
     what: &str,
     mut check: F,
@@ -565,7 +565,7 @@ async fn create_node(client: &Client, name: &str) -> Result<(), Error> {
     }
 }
 
-async fn nodes_ready(client: &Client, names: &[String]) -> bool {
+pub(crate) async fn nodes_ready(client: &Client, names: &[String]) -> bool {
     let nodes: Api<Node> = Api::all(client.clone());
     for name in names {
         let Ok(node) = nodes.get(name).await else {
@@ -594,7 +594,7 @@ pub fn free_port(address: IpAddr) -> Result<u16, Error> {
         })
 }
 
-fn create_dir(path: &Path) -> Result<(), Error> {
+pub(crate) fn create_dir(path: &Path) -> Result<(), Error> {
     std::fs::create_dir_all(path).map_err(|source| Error::Io {
         what: format!("creating {}", path.display()),
         source,

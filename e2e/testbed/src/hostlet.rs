@@ -1,9 +1,15 @@
 //! Hostlet nodes: the test bed's kubelet stand-in (`e2e/hostlet`), which runs the pods bound
 //! to its node as real host processes. The test bed starts the `hostlet` binary as one more
-//! component (see [`crate::ControlPlane::start_hostlet`]); it does not link the crate.
+//! component (see [`crate::ControlPlane::start_hostlet`]), or on its own as a [`Hostlet`]
+//! for a node that comes and goes while its cluster runs; it does not link the crate.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+
+use kube::Client;
+
+use crate::Error;
+use crate::process::Component;
 
 /// One hostlet node to run.
 #[derive(Clone, Debug)]
@@ -81,6 +87,87 @@ impl HostletConfig {
         args.extend(self.extra_args.iter().cloned());
         args
     }
+}
+
+/// A hostlet node that is not one of a control plane's components: a node that joins and
+/// leaves while the cluster runs (a worker machine). Its owner stops it; dropping it kills
+/// the process.
+pub struct Hostlet {
+    name: String,
+    dir: PathBuf,
+    component: Component,
+}
+
+impl Hostlet {
+    /// Starts the hostlet `config` against the API server of `kubeconfig` (an identity allowed
+    /// what a hostlet does, such as the admin kubeconfig), with its files in
+    /// `<cluster_dir>/hostlets/<name>` and its log in `<cluster_dir>/logs/hostlet-<name>.log`
+    /// (as [`crate::ControlPlane::start_hostlet`] does), and waits until `client` sees its Node
+    /// Ready. The hostlet is a child of the calling thread (it dies with it): call this from a
+    /// thread that lives as long as the node should.
+    pub async fn start(
+        config: &HostletConfig,
+        cluster_dir: &Path,
+        kubeconfig: &Path,
+        client: &Client,
+    ) -> Result<Self, Error> {
+        let dir = hostlet_dir(cluster_dir, &config.name);
+        crate::control_plane::create_dir(&dir)?;
+        let mut component = Component::spawn_logged(
+            "hostlet",
+            &format!("hostlet-{}", config.name),
+            &config.binary,
+            &config.args(kubeconfig, &dir),
+            &cluster_dir.join("logs"),
+        )?;
+        let names = [config.name.clone()];
+        let waited = crate::control_plane::wait_for(
+            std::slice::from_mut(&mut component),
+            &format!("hostlet node {} Ready", config.name),
+            || crate::control_plane::nodes_ready(client, &names),
+        )
+        .await;
+        if let Err(err) = waited {
+            component.stop().await;
+            return Err(err);
+        }
+        Ok(Self {
+            name: config.name.clone(),
+            dir,
+            component,
+        })
+    }
+
+    /// The Node's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The hostlet's directory (pod logs under `pods/`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.component.pid()
+    }
+
+    /// Fails if the hostlet has exited.
+    pub fn check_alive(&mut self) -> Result<(), Error> {
+        self.component.check_alive()
+    }
+
+    /// SIGTERM (the hostlet stops its pods first), then SIGKILL after a grace period. The
+    /// Node stays registered, as a stopped kubelet's does.
+    pub async fn stop(mut self) {
+        self.component.stop().await;
+    }
+}
+
+/// `<cluster_dir>/hostlets/<name>`: where the hostlet node `name` keeps its files.
+pub fn hostlet_dir(cluster_dir: &Path, name: &str) -> PathBuf {
+    cluster_dir.join("hostlets").join(name)
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ pub use control_plane::{
     AUDIT_LOG, ControlPlane, ControlPlaneConfig, FIRST_SERVICE_IP, KWOK_NODE_ANNOTATION,
     client_from, free_port,
 };
-pub use hostlet::HostletConfig;
+pub use hostlet::{Hostlet, HostletConfig, hostlet_dir};
 pub use pki::{CertPair, CertificateAuthority, Pki};
 pub use tools::{BIN_ENV, BUILD_SCRIPT, Tools};
 
