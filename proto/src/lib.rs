@@ -18,7 +18,14 @@
 //! | [`talos::google::rpc`] | `google.rpc` | `Status`, as carried in `common.Metadata` |
 //!
 //! `google.protobuf` well-known types map to [`prost_types`] (`Empty` is `()`).
-//! `proto/etcd/` will get its own top-level module.
+//!
+//! The etcd v3 subset under `proto/etcd/` (the `KV`, `Watch` and `Lease` services that
+//! etcd-proxy serves and relays) has its own top-level module, [`etcd`]:
+//!
+//! | module | proto package | what |
+//! |---|---|---|
+//! | [`etcd::etcdserverpb`] | `etcdserverpb` | `KV`, `Watch`, `Lease` and their messages |
+//! | [`etcd::mvccpb`] | `mvccpb` | `KeyValue`, `Event` |
 
 pub use prost;
 pub use prost_types;
@@ -35,6 +42,19 @@ pub use tonic;
 )]
 pub mod talos {
     include!(concat!(env!("OUT_DIR"), "/talos.rs"));
+}
+
+/// Generated code for the etcd v3 API subset (see the crate docs for the module layout).
+#[allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+pub mod etcd {
+    include!(concat!(env!("OUT_DIR"), "/etcd.rs"));
 }
 
 mod redacted {
@@ -131,6 +151,48 @@ mod tests {
             yaml_spec: "a".into(),
         };
         assert_eq!(spec.encode_to_vec(), [0x12, 1, b'a']);
+    }
+
+    /// etcd field numbers that are easy to get wrong: `Compare.range_end` is 64,
+    /// `WatchResponse.events` is 11, and the lease messages' `TTL`/`ID` order differs.
+    #[test]
+    fn etcd_wire_numbers_match_etcd() {
+        use super::etcd::etcdserverpb as pb;
+        let cmp = pb::Compare {
+            key: b"k".to_vec(),
+            range_end: b"z".to_vec(),
+            target_union: Some(pb::compare::TargetUnion::Version(1)),
+            ..Default::default()
+        };
+        // key=3, version=4 varint 1, range_end=64 (tag 0x82 0x04)
+        assert_eq!(
+            cmp.encode_to_vec(),
+            [0x1a, 1, b'k', 0x20, 1, 0x82, 0x04, 1, b'z']
+        );
+        let grant = pb::LeaseGrantRequest { ttl: 5, id: 7 };
+        assert_eq!(grant.encode_to_vec(), [0x08, 5, 0x10, 7]);
+        let watch = pb::WatchResponse {
+            watch_id: 1,
+            events: vec![super::etcd::mvccpb::Event::default()],
+            ..Default::default()
+        };
+        assert_eq!(watch.encode_to_vec(), [0x10, 1, 0x5a, 0]);
+        let create = pb::WatchCreateRequest {
+            watch_id: 3,
+            fragment: true,
+            ..Default::default()
+        };
+        assert_eq!(create.encode_to_vec(), [0x38, 3, 0x40, 1]);
+    }
+
+    #[test]
+    fn etcd_service_paths_match_etcd() {
+        use super::etcd::etcdserverpb::kv_server::SERVICE_NAME as KV;
+        use super::etcd::etcdserverpb::lease_server::SERVICE_NAME as LEASE;
+        use super::etcd::etcdserverpb::watch_server::SERVICE_NAME as WATCH;
+        assert_eq!(KV, "etcdserverpb.KV");
+        assert_eq!(WATCH, "etcdserverpb.Watch");
+        assert_eq!(LEASE, "etcdserverpb.Lease");
     }
 
     #[test]
