@@ -43,7 +43,7 @@ unit: ## Tests that need no test bed
 	$(CARGO) test --workspace --locked --lib --bins
 
 bench: ## Benchmarks (release build); Markdown figures in bench-results/
-	$(CARGO) build --release --locked -p talos-emulator -p instance-discovery -p pool-claimer -p talos-bootstrapper -p addon-installer -p kontinuum-bench
+	$(CARGO) build --release --locked -p talos-emulator -p kontinuum-hostlet -p instance-discovery -p pool-claimer -p talos-bootstrapper -p addon-installer -p kontinuum-bench
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench talos --machines 1000 --concurrency 16,64 --out bench-results/talos.md
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench discovery --machines 1000 --pools 10 --out bench-results/discovery.md
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench bootstrap --runs 5 --out bench-results/bootstrap.md
