@@ -11,101 +11,25 @@
     clippy::too_many_lines
 )]
 
+mod support;
+
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kontinuum_talos::{
-    ApplyMode, BootstrapOutcome, ClientIdentity, Endpoint, ErrorKind, ResetOptions, TalosClient,
-    Timeouts,
+    ApplyMode, BootstrapOutcome, ClientIdentity, ErrorKind, ResetOptions, TalosClient, Timeouts,
 };
-use kontinuum_talos_config::{
-    ConfigInput, InstallDisk, MachineType, SecretsBundle, TalosVersion, admin_talosconfig,
-    render_machine_config,
-};
+use kontinuum_talos_config::{MachineType, SecretsBundle, admin_talosconfig};
 use kube::Api;
+use support::{TIMEOUTS, config, configured, endpoint, identity, ip, maintenance, new_bundle};
 use talos_emulator::{Emulator, Fault, Mode, Settings};
-
-fn new_bundle() -> SecretsBundle {
-    SecretsBundle::generate_with_rsa_bits(
-        &mut rand_core::OsRng,
-        jiff::Timestamp::now(),
-        &TalosVersion::parse("v1.13.8").unwrap(),
-        2048,
-    )
-    .unwrap()
-}
-
-fn config(
-    bundle: &SecretsBundle,
-    kind: MachineType,
-    hostname: &str,
-    endpoint: Ipv4Addr,
-) -> Vec<u8> {
-    let mut input = ConfigInput::new(
-        "emu",
-        endpoint.to_string(),
-        TalosVersion::parse("v1.13.8").unwrap(),
-        "1.36.2",
-    );
-    input.install_disk = InstallDisk::Path("/dev/sda".into());
-    render_machine_config(&input, bundle, kind, hostname)
-        .unwrap()
-        .expose()
-        .as_bytes()
-        .to_vec()
-}
-
-fn identity(bundle: &SecretsBundle) -> ClientIdentity {
-    let admin = admin_talosconfig(
-        bundle,
-        "emu",
-        &[],
-        &[],
-        jiff::Timestamp::now(),
-        &mut rand_core::OsRng,
-    )
-    .unwrap();
-    ClientIdentity::new(
-        admin.identity.ca_pem,
-        admin.identity.cert_pem,
-        admin.identity.key_pem.expose(),
-    )
-}
 
 fn dir(name: &str) -> PathBuf {
     let dir = kontinuum_testbed::unique_dir(name);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-fn ip(addr: SocketAddr) -> Ipv4Addr {
-    match addr.ip() {
-        std::net::IpAddr::V4(v4) => v4,
-        std::net::IpAddr::V6(_) => unreachable!(),
-    }
-}
-
-fn endpoint(addr: SocketAddr) -> Endpoint {
-    addr.to_string().parse().unwrap()
-}
-
-const TIMEOUTS: Timeouts = Timeouts {
-    connect: Duration::from_secs(10),
-    rpc: Duration::from_secs(30),
-};
-
-async fn maintenance(addr: SocketAddr) -> TalosClient {
-    TalosClient::connect_maintenance(&endpoint(addr), TIMEOUTS)
-        .await
-        .unwrap()
-}
-
-async fn configured(addr: SocketAddr, id: &ClientIdentity) -> TalosClient {
-    TalosClient::connect(&endpoint(addr), id, TIMEOUTS)
-        .await
-        .unwrap()
 }
 
 async fn wait_nodes_ready(kubeconfig: &str, names: &[&str]) {

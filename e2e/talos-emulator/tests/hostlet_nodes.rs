@@ -11,94 +11,23 @@
     clippy::too_many_lines
 )]
 
+mod support;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kontinuum_talos::{
-    ApplyMode, BootstrapOutcome, ClientIdentity, Endpoint, ResetOptions, TalosClient, Timeouts,
-};
-use kontinuum_talos_config::{
-    ConfigInput, InstallDisk, MachineType, SecretsBundle, TalosVersion, admin_talosconfig,
-    render_machine_config,
-};
+use kontinuum_talos::{ApplyMode, BootstrapOutcome, ResetOptions, TalosClient};
+use kontinuum_talos_config::{MachineType, SecretsBundle};
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::wait::await_condition;
 use kube::{Client, ResourceExt as _};
+use support::{config, configured, identity, ip, maintenance, new_bundle};
 use talos_emulator::{Emulator, NodeSettings, Settings};
 
 const WAIT: Duration = Duration::from_secs(120);
-const TIMEOUTS: Timeouts = Timeouts {
-    connect: Duration::from_secs(10),
-    rpc: Duration::from_secs(30),
-};
-
-fn new_bundle() -> SecretsBundle {
-    SecretsBundle::generate_with_rsa_bits(
-        &mut rand_core::OsRng,
-        jiff::Timestamp::now(),
-        &TalosVersion::parse("v1.13.8").unwrap(),
-        2048,
-    )
-    .unwrap()
-}
-
-fn config(bundle: &SecretsBundle, kind: MachineType, hostname: &str, cp: Ipv4Addr) -> Vec<u8> {
-    let mut input = ConfigInput::new(
-        "emu",
-        cp.to_string(),
-        TalosVersion::parse("v1.13.8").unwrap(),
-        "1.36.2",
-    );
-    input.install_disk = InstallDisk::Path("/dev/sda".into());
-    render_machine_config(&input, bundle, kind, hostname)
-        .unwrap()
-        .expose()
-        .as_bytes()
-        .to_vec()
-}
-
-fn identity(bundle: &SecretsBundle) -> ClientIdentity {
-    let admin = admin_talosconfig(
-        bundle,
-        "emu",
-        &[],
-        &[],
-        jiff::Timestamp::now(),
-        &mut rand_core::OsRng,
-    )
-    .unwrap();
-    ClientIdentity::new(
-        admin.identity.ca_pem,
-        admin.identity.cert_pem,
-        admin.identity.key_pem.expose(),
-    )
-}
-
-fn ip(addr: SocketAddr) -> Ipv4Addr {
-    match addr.ip() {
-        IpAddr::V4(v4) => v4,
-        IpAddr::V6(_) => unreachable!(),
-    }
-}
-
-fn endpoint(addr: SocketAddr) -> Endpoint {
-    addr.to_string().parse().unwrap()
-}
-
-async fn maintenance(addr: SocketAddr) -> TalosClient {
-    TalosClient::connect_maintenance(&endpoint(addr), TIMEOUTS)
-        .await
-        .unwrap()
-}
-
-async fn configured(addr: SocketAddr, id: &ClientIdentity) -> TalosClient {
-    TalosClient::connect(&endpoint(addr), id, TIMEOUTS)
-        .await
-        .unwrap()
-}
 
 /// Applies a control-plane config, bootstraps, returns the admin client and a kube client.
 async fn bring_up(cp: SocketAddr, bundle: &SecretsBundle, hostname: &str) -> (TalosClient, Client) {
