@@ -229,7 +229,7 @@ async fn files_of(
     let mut files = Files::new();
     if let Some(s) = &volume.secret {
         let secret_name = s.secret_name.clone().unwrap_or_default();
-        let data = fetch_secret(client, facts, name, &secret_name).await?;
+        let data = fetch(client, facts, name, &secret_name, secret_data).await?;
         add_keyed(
             &mut files,
             name,
@@ -241,7 +241,7 @@ async fn files_of(
             s.default_mode.unwrap_or(DEFAULT_MODE),
         )?;
     } else if let Some(c) = &volume.config_map {
-        let data = fetch_config_map(client, facts, name, &c.name).await?;
+        let data = fetch(client, facts, name, &c.name, config_map_data).await?;
         add_keyed(
             &mut files,
             name,
@@ -265,7 +265,7 @@ async fn files_of(
         let mode = p.default_mode.unwrap_or(DEFAULT_MODE);
         for source in p.sources.iter().flatten() {
             if let Some(s) = &source.secret {
-                let data = fetch_secret(client, facts, name, &s.name).await?;
+                let data = fetch(client, facts, name, &s.name, secret_data).await?;
                 add_keyed(
                     &mut files,
                     name,
@@ -277,7 +277,7 @@ async fn files_of(
                     mode,
                 )?;
             } else if let Some(c) = &source.config_map {
-                let data = fetch_config_map(client, facts, name, &c.name).await?;
+                let data = fetch(client, facts, name, &c.name, config_map_data).await?;
                 add_keyed(
                     &mut files,
                     name,
@@ -408,36 +408,30 @@ fn add_downward(
     Ok(())
 }
 
-async fn fetch_secret(
+/// The data of Secret or ConfigMap `name` in the pod's namespace (`None` if it does not
+/// exist), decoded by `data`.
+async fn fetch<K>(
     client: &kube::Client,
     facts: &PodFacts<'_>,
     volume: &str,
     name: &str,
-) -> Result<Option<BTreeMap<String, Vec<u8>>>, VolumeError> {
+    data: fn(K) -> BTreeMap<String, Vec<u8>>,
+) -> Result<Option<BTreeMap<String, Vec<u8>>>, VolumeError>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
     let ns = facts.pod.metadata.namespace.clone().unwrap_or_default();
-    let secret = api::get_opt::<Secret>(client, &ns, name)
+    let object = api::get_opt::<K>(client, &ns, name)
         .await
         .map_err(|e| VolumeError::Api {
             volume: volume.to_string(),
             source: Box::new(e),
         })?;
-    Ok(secret.map(secret_data))
-}
-
-async fn fetch_config_map(
-    client: &kube::Client,
-    facts: &PodFacts<'_>,
-    volume: &str,
-    name: &str,
-) -> Result<Option<BTreeMap<String, Vec<u8>>>, VolumeError> {
-    let ns = facts.pod.metadata.namespace.clone().unwrap_or_default();
-    let cm = api::get_opt::<ConfigMap>(client, &ns, name)
-        .await
-        .map_err(|e| VolumeError::Api {
-            volume: volume.to_string(),
-            source: Box::new(e),
-        })?;
-    Ok(cm.map(config_map_data))
+    Ok(object.map(data))
 }
 
 /// A Secret's data, decoded.
