@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # `make demo` / `make demo-down`: Kontinuum on one machine, installed as a user installs it.
 #
-#   scripts/demo.sh up     a hub (a real control plane), a hostlet node that runs the chart's
-#                          pods as real processes, a local chart repository serving the
+#   scripts/demo.sh up     a hub (a real control plane), the Kontinuum store (the test bed's
+#                          etcd, given to the chart as an external store: the chart's own
+#                          StatefulSet would be reached through Service DNS, which the
+#                          host-network pods here do not have), a hostlet node that runs the
+#                          chart's pods as real processes, a local chart repository serving the
 #                          fixture charts (stand-ins for the public cilium, gateway-api-crds
 #                          and cert-manager charts, which cannot be fetched here), `helm
 #                          install` of charts/kontinuum, N emulated Talos machines, and a
@@ -24,6 +27,7 @@ hub_addr=127.77.0.1
 node_addr=127.77.0.2
 pod_cidr=127.77.1.0/24
 repo_addr=127.77.0.1:8879
+store_addr=127.77.0.3
 first_machine=127.10.0.1
 node=kontinuum-demo
 release=kontinuum
@@ -80,7 +84,8 @@ up() {
   say "building Kontinuum (cargo build)"
   cargo build --locked -q --bins \
     -p kontinuum-testbed -p kontinuum-hostlet -p talos-emulator \
-    -p instance-discovery -p pool-claimer -p talos-bootstrapper -p addon-installer
+    -p instance-discovery -p pool-claimer -p talos-bootstrapper -p addon-installer \
+    -p etcd-proxy -p registry
   local target=${CARGO_TARGET_DIR:-$root/target}/debug
   local kubectl="$bin/kubectl" helm="$bin/helm"
   mkdir -p "$dir/logs"
@@ -99,7 +104,7 @@ up() {
     echo "images:"
     echo "  - image: kontinuum"
     echo "    files:"
-    for b in instance-discovery pool-claimer talos-bootstrapper addon-installer; do
+    for b in instance-discovery pool-claimer talos-bootstrapper addon-installer etcd-proxy registry; do
       echo "      /usr/local/bin/$b: $target/$b"
     done
     echo "      /usr/local/bin/helm: $bin/helm"
@@ -118,9 +123,28 @@ up() {
   "$helm" repo index "$dir/charts"
   start charts python3 -m http.server "${repo_addr#*:}" --bind "${repo_addr%:*}" --directory "$dir/charts"
 
+  say "starting the Kontinuum store (etcd) on $store_addr:2379"
+  start store "$bin/etcd" --name=store --data-dir="$dir/store" \
+    --listen-client-urls="http://$store_addr:2379" --advertise-client-urls="http://$store_addr:2379" \
+    --listen-peer-urls="http://$store_addr:2380" --initial-advertise-peer-urls="http://$store_addr:2380" \
+    --initial-cluster="store=http://$store_addr:2380" --log-level=warn
+  for _ in $(seq 1 300); do
+    "$bin/etcdctl" --endpoints="http://$store_addr:2379" --dial-timeout=1s endpoint health >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  "$bin/etcdctl" --endpoints="http://$store_addr:2379" --dial-timeout=2s endpoint health >/dev/null 2>&1 \
+    || fail "the store did not become healthy; log: $dir/logs/store.log"
+
+  # The API server cannot reach a Service here (no kube-proxy; EndpointSlices refuse the
+  # hostlet's loopback pod IPs), so it calls the registry's conversion webhook at the node's
+  # address, where the registry runs on the node's network.
   say "helm install $release charts/kontinuum (namespace $chart_ns)"
   "$helm" upgrade --install "$release" charts/kontinuum --namespace "$chart_ns" --create-namespace \
     --set operators.addonInstaller.chartMirror="http://$repo_addr" \
+    --set "store.external.endpoints[0]=http://$store_addr:2379" \
+    --set auth.insecureAllowAnonymous=true \
+    --set operators.registry.hostNetwork=true \
+    --set "operators.registry.webhookUrl=https://$node_addr:9443/convert" \
     --set-string 'operatorDefaults.nodeSelector.kontinuum\.sh/demo=true' \
     --wait --timeout 5m >"$dir/logs/helm-install.log"
   "$kubectl" get deployments -n "$chart_ns"
@@ -160,6 +184,8 @@ Kontinuum is running on a local hub, with a Talos cluster made from emulated mac
 TalosCluster demo Ready ${ready_s}s after it was applied ($(( $(date +%s) - t0 ))s for the whole demo).
 
   kubectl get kontinuum -A                      # every Kontinuum object
+  kubectl get kontinuums -n $chart_ns      # the registry's entry for this hub
+  kubectl get kontinuums.v1alpha1.kontinuum.sh -n $chart_ns   # the same, converted by its webhook
   kubectl get pods -n $chart_ns -o wide     # the operators, run by the hostlet as processes
   kubectl --kubeconfig $dir/demo-cluster.kubeconfig get nodes   # the new cluster
   kubectl delete taloscluster demo -n $ns           # machines back to maintenance mode

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
@@ -21,12 +22,27 @@ use crate::testbed::Tools;
 pub const COMPONENT: &str = "app.kubernetes.io/component";
 
 /// The binaries the chart deploys, in the order of their values keys.
-pub const OPERATORS: [&str; 4] = [
+pub const OPERATORS: [&str; 6] = [
+    "addon-installer",
+    "etcd-proxy",
+    "instance-discovery",
+    "pool-claimer",
+    "registry",
+    "talos-bootstrapper",
+];
+
+/// The operators whose rules apply in the watched namespace(s) (a ClusterRole, or a Role in
+/// `watchNamespace`); etcd-proxy's are confined to the identity namespace and the
+/// registry's to the release namespace.
+pub const WATCHING_OPERATORS: [&str; 4] = [
     "addon-installer",
     "instance-discovery",
     "pool-claimer",
     "talos-bootstrapper",
 ];
+
+/// The store's component label (`app.kubernetes.io/component`).
+pub const STORE: &str = "store";
 
 /// The chart's directory in the workspace.
 pub fn chart_dir() -> PathBuf {
@@ -345,6 +361,98 @@ pub fn deployment_args(docs: &[Value], operator: &str) -> anyhow::Result<Vec<Str
         .with_context(|| format!("no Deployment for {operator}"))?;
     let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
     serde_json::from_value(args.clone()).context("container args")
+}
+
+/// The subcommand a rendered operator Deployment runs (`serve` for etcd-proxy, `hub` for
+/// the registry): its first argument when that is not a flag.
+pub fn deployment_subcommand(docs: &[Value], operator: &str) -> anyhow::Result<Option<String>> {
+    Ok(deployment_args(docs, operator)?
+        .into_iter()
+        .next()
+        .filter(|a| !a.starts_with('-')))
+}
+
+/// A store for the chart in tests (`store.external.endpoints`): the test bed's etcd as a
+/// process of its own on `address`, logging to `<dir>/store-etcd.log`. It dies with the
+/// test (`setpriv --pdeathsig KILL`, kill-on-drop).
+pub struct Store {
+    child: tokio::process::Child,
+    /// `http://<address>:<client port>`.
+    pub endpoint: String,
+}
+
+impl Store {
+    /// Starts it and waits until `etcdctl endpoint health` passes.
+    pub async fn start(
+        tools: &Tools,
+        dir: &Path,
+        address: std::net::IpAddr,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let url = |port: u16| format!("http://{}", std::net::SocketAddr::new(address, port));
+        let endpoint = url(crate::testbed::free_port(address)?);
+        let peer = url(crate::testbed::free_port(address)?);
+        let log = std::fs::File::create(dir.join("store-etcd.log"))?;
+        let child = tokio::process::Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(tools.path("etcd"))
+            .args([
+                "--name=store".to_owned(),
+                format!("--data-dir={}", dir.join("store-etcd").display()),
+                format!("--listen-client-urls={endpoint}"),
+                format!("--advertise-client-urls={endpoint}"),
+                format!("--listen-peer-urls={peer}"),
+                format!("--initial-advertise-peer-urls={peer}"),
+                format!("--initial-cluster=store={peer}"),
+                "--unsafe-no-fsync=true".to_owned(),
+                "--log-level=warn".to_owned(),
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the store's etcd")?;
+        let store = Self { child, endpoint };
+        crate::eventually(
+            Duration::from_secs(60),
+            "the store's etcd to be healthy",
+            || async {
+                Ok(store
+                    .etcdctl(tools, &["endpoint", "health"])
+                    .await?
+                    .status
+                    .success())
+            },
+        )
+        .await?;
+        Ok(store)
+    }
+
+    /// Runs the test bed's etcdctl against the store (10 s at most).
+    pub async fn etcdctl(&self, tools: &Tools, args: &[&str]) -> anyhow::Result<Output> {
+        etcdctl(tools, &[&format!("--endpoints={}", self.endpoint)], args).await
+    }
+
+    /// The etcd process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
+/// Runs the test bed's etcdctl with `connection` flags then `args`, bounded to 10 s (its
+/// own dial and command timeouts, and a kill after that).
+pub async fn etcdctl(tools: &Tools, connection: &[&str], args: &[&str]) -> anyhow::Result<Output> {
+    let run = tokio::process::Command::new(tools.path("etcdctl"))
+        .args(["--dial-timeout=3s", "--command-timeout=5s"])
+        .args(connection)
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .with_context(|| format!("etcdctl {args:?} timed out"))?
+        .with_context(|| format!("running etcdctl {args:?}"))
 }
 
 /// The name of a rendered object, for messages.

@@ -24,8 +24,8 @@ use kontinuum_crds::conditions::{self, ConditionStatus};
 use kontinuum_crds::labels::CLAIMED_BY;
 use kontinuum_crds::v1alpha2::{Instance, InstancePool, InstanceStatus};
 use kontinuum_e2e::chart::{
-    self, OPERATORS, component, kind, name, object_namespace as ns_of, of_kind, operator_object,
-    values_key,
+    self, OPERATORS, STORE, WATCHING_OPERATORS, component, kind, name, object_namespace as ns_of,
+    of_kind, operator_object, values_key,
 };
 use kontinuum_e2e::testbed::Tools;
 use kontinuum_e2e::{Operator, eventually, install_kontinuum_crds, namespace, shared_client};
@@ -109,6 +109,17 @@ fn probe_port(deployment: &Value, probe: &str) -> (String, i64) {
     (get["path"].as_str().unwrap().to_owned(), number)
 }
 
+/// The number of the container port named `port`.
+fn container_port(deployment: &Value, port: &str) -> i64 {
+    container(deployment)["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == port)
+        .and_then(|p| p["containerPort"].as_i64())
+        .unwrap_or_else(|| panic!("no container port {port}"))
+}
+
 fn rules(doc: &Value) -> Vec<PolicyRule> {
     serde_json::from_value(doc["rules"].clone()).unwrap()
 }
@@ -141,6 +152,37 @@ fn helm_error(set: &[(&str, &str)]) -> String {
         String::from_utf8_lossy(&out.stdout)
     );
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The Service of `op` that exposes its admin port (`<release>-<op>`), apart from the
+/// Services its traits add (etcd-proxy's gRPC, the registry's webhook).
+fn metrics_service<'a>(docs: &'a [Value], op: &str) -> &'a Value {
+    let name_ = format!("{RELEASE}-{op}");
+    docs.iter()
+        .find(|d| kind(d) == "Service" && name(d) == name_)
+        .unwrap_or_else(|| panic!("no metrics Service {name_}"))
+}
+
+fn by_name<'a>(docs: &'a [Value], kind_: &str, name_: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| kind(d) == kind_ && name(d) == name_)
+        .unwrap_or_else(|| panic!("no {kind_} {name_}"))
+}
+
+/// The Deployment's pod volume `volume` mounted at `path` in its container.
+fn mounted<'a>(deployment: &'a Value, path: &str) -> &'a Value {
+    let mount = container(deployment)["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == path)
+        .unwrap_or_else(|| panic!("nothing mounted at {path}"));
+    deployment["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap_or_else(|| panic!("the mount at {path} names no volume"))
 }
 
 #[test]
@@ -198,9 +240,24 @@ fn every_deployment_is_hardened_probed_and_leader_elected() {
             a.contains(&"--admin-addr=$(POD_IP):8080".to_owned()),
             "{op}: {a:?}"
         );
-        assert!(a.contains(&"--leader-elect".to_owned()), "{op}: {a:?}");
+        // Leader election, except for etcd-proxy, which has none: every replica serves.
         let lease = format!("{RELEASE}-{op}");
-        assert!(a.contains(&format!("--lease-name={lease}")), "{op}: {a:?}");
+        let elected = op != "etcd-proxy";
+        assert_eq!(
+            a.contains(&"--leader-elect".to_owned()),
+            elected,
+            "{op}: {a:?}"
+        );
+        assert_eq!(
+            a.contains(&format!("--lease-name={lease}")),
+            elected,
+            "{op}: {a:?}"
+        );
+        assert_eq!(
+            d["spec"]["strategy"]["type"],
+            if elected { "Recreate" } else { "RollingUpdate" },
+            "{op}: a follower is never Ready, so only a Lease-less operator can roll"
+        );
 
         let env = environment(&docs, d);
         assert_eq!(env["POD_NAME"], "fieldRef:metadata.name", "{op}");
@@ -224,65 +281,76 @@ fn every_deployment_is_hardened_probed_and_leader_elected() {
         );
 
         // The only writable place: an emptyDir at /tmp.
-        let tmp = c["volumeMounts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["mountPath"] == "/tmp")
-            .unwrap_or_else(|| panic!("{op}: no /tmp mount"));
-        let volume = pod["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == tmp["name"])
-            .unwrap();
-        assert!(volume["emptyDir"].is_object(), "{op}: {volume}");
+        assert!(mounted(d, "/tmp")["emptyDir"].is_object(), "{op}");
 
-        // Its own ServiceAccount, ClusterRole (+ Events) and binding, and a Lease Role.
+        // Its own ServiceAccount, rules (+ Events) and binding, and a Lease Role.
         let sa = pod["serviceAccountName"].as_str().unwrap();
         let account = operator_object(&docs, "ServiceAccount", op).unwrap();
         assert_eq!(name(account), sa, "{op}");
-        let cluster_role = operator_object(&docs, "ClusterRole", op).unwrap();
-        let events = rules(cluster_role)
+        let main_role = by_name(
+            &docs,
+            if WATCHING_OPERATORS.contains(&op) {
+                "ClusterRole"
+            } else {
+                "Role"
+            },
+            &lease,
+        );
+        let events = rules(main_role)
             .into_iter()
             .find(|r| r.api_groups.as_deref() == Some(&["events.k8s.io".to_owned()][..]));
-        assert_eq!(
-            events.map(|r| r.verbs).unwrap(),
-            ["create", "patch"],
-            "{op}: Events"
+        if op == "etcd-proxy" {
+            assert!(events.is_none(), "etcd-proxy emits no Events");
+        } else {
+            assert_eq!(
+                events.map(|r| r.verbs).unwrap(),
+                ["create", "patch"],
+                "{op}: Events"
+            );
+        }
+        let binding = by_name(
+            &docs,
+            &format!("{}Binding", kind(main_role)),
+            name(main_role),
         );
-        let binding = operator_object(&docs, "ClusterRoleBinding", op).unwrap();
-        assert_eq!(binding["roleRef"]["kind"], "ClusterRole");
-        assert_eq!(binding["roleRef"]["name"], name(cluster_role));
+        assert_eq!(binding["roleRef"]["kind"], kind(main_role));
+        assert_eq!(binding["roleRef"]["name"], name(main_role));
         assert_eq!(
             binding["subjects"],
             json!([{ "kind": "ServiceAccount", "name": sa, "namespace": RELEASE_NS }])
         );
-        let lease_role = lease_role(&docs, op);
-        assert_eq!(
-            ns_of(lease_role),
-            Some(RELEASE_NS),
-            "{op}: the Lease's namespace"
-        );
-        let lease_rules = rules(lease_role);
-        assert!(
-            lease_rules
-                .iter()
-                .any(|r| r.verbs == ["create"] && r.resource_names.is_none()),
-            "{op}: {lease_rules:?}"
-        );
-        assert!(
-            lease_rules.iter().any(|r| r.verbs == ["get", "patch"]
-                && r.resource_names.as_deref() == Some(&[lease.clone()][..])),
-            "{op}: only its own Lease is read and renewed: {lease_rules:?}"
-        );
-        let lease_binding = rbac_of(&docs, "RoleBinding", op);
-        assert_eq!(lease_binding.len(), 1, "{op}");
-        assert_eq!(lease_binding[0]["roleRef"]["name"], name(lease_role));
-        assert_eq!(lease_binding[0]["subjects"][0]["name"], sa);
+        let leader_roles: Vec<&Value> = rbac_of(&docs, "Role", op)
+            .into_iter()
+            .filter(|r| name(r).ends_with("-leader-election"))
+            .collect();
+        if elected {
+            let lease_role = lease_role(&docs, op);
+            assert_eq!(
+                ns_of(lease_role),
+                Some(RELEASE_NS),
+                "{op}: the Lease's namespace"
+            );
+            let lease_rules = rules(lease_role);
+            assert!(
+                lease_rules
+                    .iter()
+                    .any(|r| r.verbs == ["create"] && r.resource_names.is_none()),
+                "{op}: {lease_rules:?}"
+            );
+            assert!(
+                lease_rules.iter().any(|r| r.verbs == ["get", "patch"]
+                    && r.resource_names.as_deref() == Some(&[lease.clone()][..])),
+                "{op}: only its own Lease is read and renewed: {lease_rules:?}"
+            );
+            let lease_binding = by_name(&docs, "RoleBinding", &format!("{lease}-leader-election"));
+            assert_eq!(lease_binding["roleRef"]["name"], name(lease_role));
+            assert_eq!(lease_binding["subjects"][0]["name"], sa);
+        } else {
+            assert!(leader_roles.is_empty(), "{op}: no Lease, no Lease Role");
+        }
 
         // A metrics Service that also publishes the followers (never Ready).
-        let service = operator_object(&docs, "Service", op).unwrap();
+        let service = metrics_service(&docs, op);
         assert_eq!(service["spec"]["publishNotReadyAddresses"], true, "{op}");
         assert_eq!(service["spec"]["ports"][0]["targetPort"], "admin", "{op}");
         assert_eq!(
@@ -343,9 +411,23 @@ fn every_deployment_is_hardened_probed_and_leader_elected() {
 fn watch_namespace_turns_cluster_roles_into_roles_there() {
     let cluster_wide = render(&[]);
     let docs = render(&[("watchNamespace", "foo")]);
-    assert!(of_kind(&docs, "ClusterRole").is_empty());
-    assert!(of_kind(&docs, "ClusterRoleBinding").is_empty());
-    for op in OPERATORS {
+    // Left cluster-wide: only the registry's rule on the one CRD it wires (cluster-scoped).
+    let cluster_roles: Vec<&str> = of_kind(&docs, "ClusterRole")
+        .into_iter()
+        .map(name)
+        .collect();
+    assert_eq!(cluster_roles, [format!("{RELEASE}-registry-cluster")]);
+    let crd_rules = rules(of_kind(&docs, "ClusterRole")[0]);
+    assert_eq!(
+        crd_rules
+            .iter()
+            .map(|r| r.resource_names.clone())
+            .collect::<Vec<_>>(),
+        [Some(vec!["kontinuums.kontinuum.sh".to_owned()])],
+        "narrowed to its CRD by name"
+    );
+    assert_eq!(of_kind(&docs, "ClusterRoleBinding").len(), 1);
+    for op in WATCHING_OPERATORS {
         let cluster_role = operator_object(&cluster_wide, "ClusterRole", op).unwrap();
         let roles: Vec<&Value> = rbac_of(&docs, "Role", op)
             .into_iter()
@@ -369,6 +451,658 @@ fn watch_namespace_turns_cluster_roles_into_roles_there() {
         assert_eq!(ns_of(lease_role(&docs, op)), Some(RELEASE_NS), "{op}");
         let env = environment(&docs, deployment(&docs, op));
         assert_eq!(env["KONTINUUM_WATCH_NAMESPACE"], "foo", "{op}");
+    }
+    // etcd-proxy follows the watched namespace (the Zones, so their identity Secrets, are
+    // there); the registry stays home, where its Kontinuums and Lease are.
+    let proxy_role = by_name(&docs, "Role", &format!("{RELEASE}-etcd-proxy"));
+    assert_eq!(ns_of(proxy_role), Some("foo"));
+    assert!(args(deployment(&docs, "etcd-proxy")).contains(&"--namespace=foo".to_owned()));
+    let registry_role = by_name(&docs, "Role", &format!("{RELEASE}-registry"));
+    assert_eq!(ns_of(registry_role), Some(RELEASE_NS));
+}
+
+/// etcd-proxy reads Secrets in exactly one namespace, the one it is told to trust, and
+/// writes none; the registry touches Kontinuums in the release namespace and one CRD.
+#[test]
+fn etcd_proxy_and_registry_rbac_is_confined() {
+    let docs = render(&[]);
+    let proxy = format!("{RELEASE}-etcd-proxy");
+    let role = by_name(&docs, "Role", &proxy);
+    assert_eq!(
+        ns_of(role),
+        Some(RELEASE_NS),
+        "the release namespace by default"
+    );
+    let proxy_rules = rules(role);
+    assert_eq!(proxy_rules.len(), 1, "{proxy_rules:?}");
+    assert_eq!(
+        proxy_rules[0].api_groups.as_deref(),
+        Some(&[String::new()][..])
+    );
+    assert_eq!(
+        proxy_rules[0].resources.as_deref(),
+        Some(&["secrets".to_owned()][..])
+    );
+    assert_eq!(
+        proxy_rules[0].verbs,
+        ["list", "watch"],
+        "read from a watch only"
+    );
+    assert!(
+        rbac_of(&docs, "ClusterRole", "etcd-proxy").is_empty()
+            && rbac_of(&docs, "ClusterRoleBinding", "etcd-proxy").is_empty(),
+        "nothing cluster-wide"
+    );
+    assert!(args(deployment(&docs, "etcd-proxy")).contains(&format!("--namespace={RELEASE_NS}")));
+    let elsewhere = render(&[
+        ("operators.etcdProxy.identityNamespace", "zones"),
+        ("watchNamespace", "foo"),
+    ]);
+    assert_eq!(ns_of(by_name(&elsewhere, "Role", &proxy)), Some("zones"));
+    assert_eq!(
+        by_name(&elsewhere, "RoleBinding", &proxy)["subjects"][0]["namespace"],
+        RELEASE_NS
+    );
+    assert!(args(deployment(&elsewhere, "etcd-proxy")).contains(&"--namespace=zones".to_owned()));
+
+    let registry = format!("{RELEASE}-registry");
+    let role = by_name(&docs, "Role", &registry);
+    assert_eq!(ns_of(role), Some(RELEASE_NS));
+    let resources: BTreeSet<String> = rules(role)
+        .into_iter()
+        .flat_map(|r| r.resources.unwrap_or_default())
+        .collect();
+    assert_eq!(
+        resources,
+        ["events", "kontinuums", "kontinuums/status"]
+            .map(str::to_owned)
+            .into(),
+    );
+    let crd = by_name(&docs, "ClusterRole", &format!("{registry}-cluster"));
+    let crd_rules = rules(crd);
+    assert_eq!(crd_rules.len(), 1);
+    assert_eq!(
+        crd_rules[0].resource_names.as_deref(),
+        Some(&["kontinuums.kontinuum.sh".to_owned()][..])
+    );
+    assert_eq!(crd_rules[0].verbs, ["get", "list", "watch", "patch"]);
+    let binding = by_name(&docs, "ClusterRoleBinding", &format!("{registry}-cluster"));
+    assert_eq!(binding["subjects"][0]["name"], registry);
+}
+
+/// Whether a `matchLabels` selector selects an object with `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector["matchLabels"]
+        .as_object()
+        .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| &labels[k] == v))
+}
+
+/// The pod template labels of every rendered Deployment and StatefulSet, by name.
+fn pod_labels(docs: &[Value]) -> BTreeMap<String, Value> {
+    docs.iter()
+        .filter(|d| ["Deployment", "StatefulSet"].contains(&kind(d)))
+        .map(|d| {
+            (
+                name(d).to_owned(),
+                d["spec"]["template"]["metadata"]["labels"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// The etcd release the test bed runs (its go.mod), which the store's image pins too.
+fn testbed_etcd_version() -> String {
+    let gomod = std::fs::read_to_string(workspace().join("e2e/testbed/tools/k8s/go.mod")).unwrap();
+    gomod
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("go.etcd.io/etcd/server/v3 "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the test bed pins etcd")
+        .to_owned()
+}
+
+/// `--flag=value` of `args`.
+fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.iter()
+        .find_map(|a| a.strip_prefix(flag)?.strip_prefix('='))
+}
+
+#[test]
+fn the_store_is_a_hardened_etcd_statefulset_that_only_etcd_proxy_and_registry_reach() {
+    let docs = render(&[]);
+    let store = format!("{RELEASE}-store");
+    let peers = format!("{store}-peers");
+    let sts = by_name(&docs, "StatefulSet", &store);
+    assert_eq!(component(sts), Some(STORE));
+    assert_eq!(sts["spec"]["replicas"], 1, "one member by default");
+    assert_eq!(sts["spec"]["serviceName"], peers);
+    assert_eq!(sts["spec"]["podManagementPolicy"], "Parallel");
+    let pod = &sts["spec"]["template"]["spec"];
+    let c = container(sts);
+    assert_eq!(
+        c["image"],
+        format!("quay.io/coreos/etcd:{}", testbed_etcd_version()),
+        "the upstream image, at the etcd release the tests run"
+    );
+    assert_eq!(c["command"], json!(["/usr/local/bin/etcd"]));
+    assert_eq!(
+        pod["automountServiceAccountToken"], false,
+        "etcd needs no API access"
+    );
+    for (what, sc) in [
+        ("pod", &pod["securityContext"]),
+        ("container", &c["securityContext"]),
+    ] {
+        assert_eq!(sc["runAsNonRoot"], true, "{what}");
+        assert_eq!(sc["runAsUser"], 65532, "{what}");
+        assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{what}");
+    }
+    assert_eq!(
+        pod["securityContext"]["fsGroup"], 65532,
+        "the volume is writable"
+    );
+    let sc = &c["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert!(c["resources"]["limits"]["memory"].is_string());
+    assert!(c["resources"]["requests"]["cpu"].is_string());
+    // etcd's own health endpoints on its metrics listener.
+    for (probe, path) in [
+        ("startupProbe", "/livez"),
+        ("livenessProbe", "/livez"),
+        ("readinessProbe", "/readyz"),
+    ] {
+        assert_eq!(c[probe]["httpGet"]["path"], path, "{probe}");
+        assert_eq!(c[probe]["httpGet"]["port"], "metrics", "{probe}");
+    }
+    assert_eq!(container_port(sts, "metrics"), 2381);
+    let a = args(sts);
+    assert_eq!(
+        flag(&a, "--listen-metrics-urls"),
+        Some("http://$(POD_IP):2381")
+    );
+    assert_eq!(
+        flag(&a, "--listen-client-urls"),
+        Some("http://$(POD_IP):2379")
+    );
+    assert_eq!(flag(&a, "--name"), Some("$(POD_NAME)"));
+    let member_url = |port: u16| format!("http://{store}-0.{peers}.{RELEASE_NS}.svc:{port}");
+    assert_eq!(
+        flag(&a, "--initial-cluster"),
+        Some(format!("{store}-0={}", member_url(2380)).as_str())
+    );
+    assert_eq!(
+        flag(&a, "--advertise-client-urls"),
+        Some(format!("http://$(POD_NAME).{peers}.{RELEASE_NS}.svc:2379").as_str())
+    );
+    assert_eq!(flag(&a, "--auto-compaction-mode"), Some("periodic"));
+    // The data directory on a volume claimed per member.
+    let data = flag(&a, "--data-dir").unwrap();
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| data.starts_with(m["mountPath"].as_str().unwrap()))
+        .expect("the data directory is on a volume");
+    let claims = sts["spec"]["volumeClaimTemplates"].as_array().unwrap();
+    assert_eq!(claims.len(), 1);
+    assert_eq!(claims[0]["metadata"]["name"], mount["name"]);
+    assert_eq!(claims[0]["spec"]["resources"]["requests"]["storage"], "8Gi");
+    assert_eq!(claims[0]["spec"]["accessModes"], json!(["ReadWriteOnce"]));
+    assert!(
+        claims[0]["spec"]["storageClassName"].is_null(),
+        "the default class"
+    );
+    assert!(
+        pod["volumes"].is_null(),
+        "no other volume: {}",
+        pod["volumes"]
+    );
+
+    // A headless Service names the members (before they are Ready: they must meet), a
+    // client Service is what etcd-proxy and registry use.
+    let members = &sts["spec"]["template"]["metadata"]["labels"];
+    let headless = by_name(&docs, "Service", &peers);
+    assert_eq!(headless["spec"]["clusterIP"], "None");
+    assert_eq!(headless["spec"]["publishNotReadyAddresses"], true);
+    let client = by_name(&docs, "Service", &store);
+    for svc in [headless, client] {
+        assert!(
+            selects(&json!({ "matchLabels": svc["spec"]["selector"] }), members),
+            "{} selects the members",
+            name(svc)
+        );
+    }
+    assert_eq!(client["spec"]["ports"][0]["port"], 2379);
+    assert_eq!(client["spec"]["ports"][0]["targetPort"], "client");
+    for op in ["etcd-proxy", "registry"] {
+        assert_eq!(
+            flag(&args(deployment(&docs, op)), "--store"),
+            Some(format!("http://{store}.{RELEASE_NS}.svc:2379").as_str()),
+            "{op} uses the client Service"
+        );
+    }
+
+    // The NetworkPolicy: only etcd-proxy's and the registry's pods reach the client port,
+    // only members the peer port, nobody the metrics port.
+    let policy = by_name(&docs, "NetworkPolicy", &store);
+    assert!(selects(&policy["spec"]["podSelector"], members));
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    let workloads = pod_labels(&docs);
+    let mut admitted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for rule in policy["spec"]["ingress"].as_array().unwrap() {
+        let from = rule["from"].as_array().expect("every rule names its peers");
+        assert!(!from.is_empty(), "a rule without peers admits everyone");
+        for port in rule["ports"].as_array().unwrap() {
+            let port = port["port"].as_str().unwrap().to_owned();
+            for peer in from {
+                assert!(
+                    peer["namespaceSelector"].is_null() && peer["ipBlock"].is_null(),
+                    "{peer}"
+                );
+                for (workload, labels) in &workloads {
+                    if selects(&peer["podSelector"], labels) {
+                        admitted
+                            .entry(port.clone())
+                            .or_default()
+                            .insert(workload.clone());
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        admitted,
+        BTreeMap::from([
+            (
+                "client".to_owned(),
+                [
+                    format!("{RELEASE}-etcd-proxy"),
+                    format!("{RELEASE}-registry")
+                ]
+                .into()
+            ),
+            ("peer".to_owned(), [store.clone()].into()),
+        ])
+    );
+    for port in ["client", "peer"] {
+        container_port(sts, port);
+    }
+    assert!(
+        of_kind(&docs, "PodDisruptionBudget").is_empty(),
+        "one member: no budget"
+    );
+}
+
+#[test]
+fn store_values_reach_the_statefulset() {
+    let docs = render(&[
+        ("store.replicas", "3"),
+        ("store.persistence.size", "20Gi"),
+        ("store.persistence.storageClass", "fast"),
+        ("store.image.repository", "mirror.example/etcd"),
+        ("store.image.tag", "v3.7.1"),
+        ("store.autoCompactionRetention", "30m"),
+        ("store.extraArgs[0]", "--experimental-flag"),
+        (
+            "store.networkPolicy.metricsFrom[0].podSelector.matchLabels.app",
+            "prometheus",
+        ),
+    ]);
+    let store = format!("{RELEASE}-store");
+    let sts = by_name(&docs, "StatefulSet", &store);
+    assert_eq!(sts["spec"]["replicas"], 3);
+    assert_eq!(container(sts)["image"], "mirror.example/etcd:v3.7.1");
+    let claim = &sts["spec"]["volumeClaimTemplates"][0]["spec"];
+    assert_eq!(claim["storageClassName"], "fast");
+    assert_eq!(claim["resources"]["requests"]["storage"], "20Gi");
+    let a = args(sts);
+    let members: Vec<String> = (0..3)
+        .map(|i| format!("{store}-{i}=http://{store}-{i}.{store}-peers.{RELEASE_NS}.svc:2380"))
+        .collect();
+    assert_eq!(
+        flag(&a, "--initial-cluster"),
+        Some(members.join(",").as_str())
+    );
+    assert_eq!(flag(&a, "--auto-compaction-retention"), Some("30m"));
+    assert_eq!(a.last().unwrap(), "--experimental-flag");
+    let pdb = by_name(&docs, "PodDisruptionBudget", &store);
+    assert_eq!(
+        pdb["spec"]["maxUnavailable"], 1,
+        "a quorum of three survives one"
+    );
+    let policy = by_name(&docs, "NetworkPolicy", &store);
+    let metrics = policy["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["ports"][0]["port"] == "metrics")
+        .expect("metricsFrom admits the scraper");
+    assert_eq!(
+        metrics["from"],
+        json!([{ "podSelector": { "matchLabels": { "app": "prometheus" } } }])
+    );
+
+    // Without persistence: an emptyDir, no claims. Without the policy: none.
+    let docs = render(&[
+        ("store.persistence.enabled", "false"),
+        ("store.networkPolicy.enabled", "false"),
+    ]);
+    let sts = by_name(&docs, "StatefulSet", &store);
+    assert!(sts["spec"]["volumeClaimTemplates"].is_null());
+    let data = flag(&args(sts), "--data-dir").unwrap().to_owned();
+    assert!(data.starts_with("/var/lib/etcd"), "{data}");
+    assert!(mounted(sts, "/var/lib/etcd")["emptyDir"].is_object());
+    assert!(of_kind(&docs, "NetworkPolicy").is_empty());
+    // With etcd-proxy disabled, the policy admits the registry alone.
+    let docs = render(&[("operators.etcdProxy.enabled", "false")]);
+    let policy = by_name(&docs, "NetworkPolicy", &store);
+    let client_rules: Vec<&Value> = policy["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["ports"][0]["port"] == "client")
+        .collect();
+    assert_eq!(client_rules.len(), 1);
+    assert_eq!(
+        client_rules[0]["from"][0]["podSelector"]["matchLabels"][chart::COMPONENT],
+        "registry"
+    );
+}
+
+#[test]
+fn an_external_store_deploys_nothing_and_reaches_both_users() {
+    let endpoints = "https://store-0.example:2379,https://store-1.example:2379";
+    let docs = render(&[
+        (
+            "store.external.endpoints[0]",
+            "https://store-0.example:2379",
+        ),
+        (
+            "store.external.endpoints[1]",
+            "https://store-1.example:2379",
+        ),
+        ("store.external.tls.secretName", "store-client"),
+    ]);
+    let stored: Vec<String> = docs
+        .iter()
+        .filter(|d| component(d) == Some(STORE))
+        .map(chart::describe)
+        .collect();
+    assert!(
+        stored.is_empty(),
+        "nothing of the chart's own store: {stored:?}"
+    );
+    assert!(of_kind(&docs, "StatefulSet").is_empty());
+    assert!(of_kind(&docs, "NetworkPolicy").is_empty());
+    for op in ["etcd-proxy", "registry"] {
+        let d = deployment(&docs, op);
+        let a = args(d);
+        assert_eq!(flag(&a, "--store"), Some(endpoints), "{op}");
+        let volume = mounted(d, "/etc/kontinuum/store-tls");
+        assert_eq!(volume["secret"]["secretName"], "store-client", "{op}");
+        assert_eq!(volume["secret"]["defaultMode"], 0o440, "{op}");
+        for (flag_, file) in [
+            ("--store-ca", "ca.crt"),
+            ("--store-cert", "tls.crt"),
+            ("--store-key", "tls.key"),
+        ] {
+            assert_eq!(
+                flag(&a, flag_),
+                Some(format!("/etc/kontinuum/store-tls/{file}").as_str()),
+                "{op}"
+            );
+        }
+    }
+    // A store that checks no client certificate: only its CA.
+    let docs = render(&[
+        (
+            "store.external.endpoints[0]",
+            "https://store-0.example:2379",
+        ),
+        ("store.external.tls.secretName", "store-ca"),
+        ("store.external.tls.clientCertificate", "false"),
+    ]);
+    for op in ["etcd-proxy", "registry"] {
+        let a = args(deployment(&docs, op));
+        assert!(flag(&a, "--store-ca").is_some(), "{op}");
+        assert!(flag(&a, "--store-cert").is_none() && flag(&a, "--store-key").is_none());
+    }
+    // No TLS Secret: no files (an https store is then checked against the system's roots).
+    let docs = render(&[("store.external.endpoints[0]", "http://10.0.0.5:2379")]);
+    for op in ["etcd-proxy", "registry"] {
+        let d = deployment(&docs, op);
+        let a = args(d);
+        assert_eq!(flag(&a, "--store"), Some("http://10.0.0.5:2379"));
+        assert!(flag(&a, "--store-ca").is_none(), "{op}");
+        assert!(
+            !container(d)["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["mountPath"] == "/etc/kontinuum/store-tls"),
+            "{op}"
+        );
+    }
+}
+
+/// The serving certificates: generated by the chart (its CA, never mounted; each serving
+/// Secret mounted where the flags point, with the names clients use), or cert-manager
+/// Certificates for the very same Secrets. (`chart_install.rs` checks real TLS handshakes
+/// against them.)
+#[test]
+fn serving_certificates_are_generated_or_issued_by_cert_manager() {
+    let proxy = format!("{RELEASE}-etcd-proxy");
+    let grpc = format!("{proxy}-grpc");
+    let webhook = format!("{RELEASE}-registry-webhook");
+    let svc_names = |svc: &str| {
+        vec![
+            svc.to_owned(),
+            format!("{svc}.{RELEASE_NS}"),
+            format!("{svc}.{RELEASE_NS}.svc"),
+            format!("{svc}.{RELEASE_NS}.svc.cluster.local"),
+        ]
+    };
+    let docs = render(&[
+        ("server.grpcEndpoint", "proxy.hub.example:443"),
+        ("operators.etcdProxy.service.type", "LoadBalancer"),
+        ("operators.etcdProxy.service.port", "443"),
+        ("operators.etcdProxy.service.nodePort", "30443"),
+        (
+            "operators.etcdProxy.service.annotations.lb\\.example/scheme",
+            "internal",
+        ),
+    ]);
+    let ca = by_name(&docs, "Secret", &format!("{RELEASE}-ca"));
+    assert_eq!(ca["type"], "kubernetes.io/tls");
+    let ca_cert = ca["data"]["tls.crt"].as_str().unwrap();
+    // The CA key is mounted nowhere.
+    for d in docs
+        .iter()
+        .filter(|d| ["Deployment", "StatefulSet"].contains(&kind(d)))
+    {
+        let volumes = d["spec"]["template"]["spec"]["volumes"].to_string();
+        assert!(!volumes.contains(name(ca)), "{} mounts the CA", name(d));
+    }
+
+    let expect = [
+        (
+            "etcd-proxy",
+            format!("{proxy}-tls"),
+            "/etc/kontinuum/tls",
+            [("--tls-cert", "tls.crt"), ("--tls-key", "tls.key")].to_vec(),
+            [vec!["proxy.hub.example".to_owned()], svc_names(&grpc)].concat(),
+        ),
+        (
+            "registry",
+            format!("{webhook}-tls"),
+            "/etc/kontinuum/webhook-tls",
+            [
+                ("--webhook-cert", "tls.crt"),
+                ("--webhook-key", "tls.key"),
+                ("--webhook-ca", "ca.crt"),
+            ]
+            .to_vec(),
+            svc_names(&webhook),
+        ),
+    ];
+    for (op, secret_name, dir, files, names) in &expect {
+        let secret = by_name(&docs, "Secret", secret_name);
+        assert_eq!(component(secret), Some(*op));
+        assert_eq!(secret["type"], "kubernetes.io/tls");
+        assert_eq!(
+            secret["data"]["ca.crt"], ca_cert,
+            "{op}: signed by the chart's CA"
+        );
+        for key in ["tls.crt", "tls.key"] {
+            assert!(
+                secret["data"][key].as_str().is_some_and(|v| v.len() > 100),
+                "{op}: {key}"
+            );
+        }
+        assert_eq!(
+            secret["metadata"]["annotations"]["kontinuum.sh/names"],
+            names.join(","),
+            "{op}"
+        );
+        let d = deployment(&docs, op);
+        let volume = mounted(d, dir);
+        assert_eq!(volume["secret"]["secretName"], secret_name.as_str(), "{op}");
+        assert_eq!(volume["secret"]["defaultMode"], 0o440, "{op}");
+        let a = args(d);
+        for (flag_, file) in files {
+            assert_eq!(
+                flag(&a, flag_),
+                Some(format!("{dir}/{file}").as_str()),
+                "{op}"
+            );
+        }
+    }
+
+    // etcd-proxy's Service: what zones reach through server.grpcEndpoint.
+    let svc = by_name(&docs, "Service", &grpc);
+    assert_eq!(component(svc), Some("etcd-proxy"));
+    assert_eq!(svc["spec"]["type"], "LoadBalancer");
+    assert_eq!(
+        svc["metadata"]["annotations"]["lb.example/scheme"],
+        "internal"
+    );
+    let port = &svc["spec"]["ports"][0];
+    assert_eq!(port["port"], 443);
+    assert_eq!(port["nodePort"], 30443);
+    assert_eq!(port["targetPort"], "grpc");
+    let d = deployment(&docs, "etcd-proxy");
+    assert_eq!(
+        flag(&args(d), "--listen"),
+        Some(format!("$(POD_IP):{}", container_port(d, "grpc")).as_str())
+    );
+    assert_eq!(
+        svc["spec"]["selector"],
+        d["spec"]["selector"]["matchLabels"]
+    );
+    // The registry's webhook Service, which it writes into the CRD (port 443).
+    let svc = by_name(&docs, "Service", &webhook);
+    let d = deployment(&docs, "registry");
+    let a = args(d);
+    assert_eq!(flag(&a, "--webhook-service"), Some(webhook.as_str()));
+    assert_eq!(flag(&a, "--webhook-service-port"), Some("443"));
+    assert_eq!(svc["spec"]["ports"][0]["port"], 443);
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "webhook");
+    assert_eq!(
+        flag(&a, "--webhook-addr"),
+        Some(format!("$(POD_IP):{}", container_port(d, "webhook")).as_str())
+    );
+    assert_eq!(
+        svc["spec"]["selector"],
+        d["spec"]["selector"]["matchLabels"]
+    );
+    assert!(
+        svc["spec"]["publishNotReadyAddresses"].is_null(),
+        "Ready pods only"
+    );
+    assert_eq!(
+        flag(&a, "--name"),
+        Some(RELEASE),
+        "the hub's Kontinuum: the fullname"
+    );
+
+    // The webhook at a URL (the registry on the node's network): the URL's host is named.
+    let docs = render(&[
+        ("operators.registry.hostNetwork", "true"),
+        (
+            "operators.registry.webhookUrl",
+            "https://10.0.0.7:9443/convert",
+        ),
+    ]);
+    let d = deployment(&docs, "registry");
+    assert_eq!(d["spec"]["template"]["spec"]["hostNetwork"], true);
+    assert_eq!(
+        d["spec"]["template"]["spec"]["dnsPolicy"],
+        "ClusterFirstWithHostNet"
+    );
+    let a = args(d);
+    assert_eq!(
+        flag(&a, "--webhook-url"),
+        Some("https://10.0.0.7:9443/convert")
+    );
+    assert!(flag(&a, "--webhook-service").is_none(), "{a:?}");
+    let secret = by_name(&docs, "Secret", &format!("{webhook}-tls"));
+    assert_eq!(
+        secret["metadata"]["annotations"]["kontinuum.sh/names"],
+        [svc_names(&webhook), vec!["10.0.0.7".to_owned()]]
+            .concat()
+            .join(",")
+    );
+    for op in OPERATORS.iter().filter(|op| **op != "registry") {
+        assert!(
+            deployment(&docs, op)["spec"]["template"]["spec"]["hostNetwork"].is_null(),
+            "{op}"
+        );
+    }
+
+    // An IP endpoint is an IP name.
+    let docs = render(&[("server.grpcEndpoint", "203.0.113.7:443")]);
+    let secret = by_name(&docs, "Secret", &format!("{proxy}-tls"));
+    assert_eq!(
+        secret["metadata"]["annotations"]["kontinuum.sh/names"],
+        [svc_names(&grpc), vec!["203.0.113.7".to_owned()]]
+            .concat()
+            .join(",")
+    );
+
+    // cert-manager: the same Secrets, issued; nothing generated.
+    let docs = render(&[
+        ("server.grpcEndpoint", "203.0.113.7:443"),
+        ("certManager.enabled", "true"),
+        ("certManager.issuerRef.name", "hub-ca"),
+        ("certManager.issuerRef.kind", "Issuer"),
+    ]);
+    assert!(
+        of_kind(&docs, "Secret").is_empty(),
+        "no generated Secret, no CA"
+    );
+    let certificates = of_kind(&docs, "Certificate");
+    assert_eq!(certificates.len(), 2);
+    for (op, secret_name, dir, _, names) in &expect {
+        let cert = by_name(&docs, "Certificate", secret_name);
+        assert_eq!(cert["apiVersion"], "cert-manager.io/v1");
+        assert_eq!(component(cert), Some(*op));
+        assert_eq!(cert["spec"]["secretName"], secret_name.as_str());
+        assert_eq!(
+            cert["spec"]["issuerRef"],
+            json!({ "name": "hub-ca", "kind": "Issuer", "group": "cert-manager.io" })
+        );
+        let mut want = names.clone();
+        if *op == "etcd-proxy" {
+            want.retain(|n| n != "proxy.hub.example");
+            assert_eq!(cert["spec"]["ipAddresses"], json!(["203.0.113.7"]));
+        }
+        assert_eq!(cert["spec"]["dnsNames"], json!(want), "{op}");
+        assert_eq!(
+            mounted(deployment(&docs, op), dir)["secret"]["secretName"],
+            secret_name.as_str()
+        );
     }
 }
 
@@ -399,10 +1133,22 @@ fn a_disruption_budget_only_above_one_replica() {
     for op in OPERATORS {
         assert!(!args(deployment(&single, op)).contains(&"--leader-elect".to_owned()));
         assert!(
-            rbac_of(&single, "Role", op).is_empty(),
+            !rbac_of(&single, "Role", op)
+                .iter()
+                .any(|r| name(r).ends_with("-leader-election")),
             "{op}: no Lease Role"
         );
     }
+    // etcd-proxy has no Lease: its replicas all serve, with or without leader election.
+    let proxies = render(&[
+        ("operators.etcdProxy.replicas", "3"),
+        ("leaderElection.enabled", "false"),
+    ]);
+    assert_eq!(deployment(&proxies, "etcd-proxy")["spec"]["replicas"], 3);
+    assert_eq!(
+        component(of_kind(&proxies, "PodDisruptionBudget")[0]),
+        Some("etcd-proxy")
+    );
 }
 
 #[test]
@@ -418,14 +1164,24 @@ fn service_monitors_only_when_enabled() {
         let sm = operator_object(&docs, "ServiceMonitor", op).unwrap();
         assert_eq!(sm["apiVersion"], "monitoring.coreos.com/v1");
         assert_eq!(sm["metadata"]["labels"]["release"], "prom");
-        let service = operator_object(&docs, "Service", op).unwrap();
         let selected = sm["spec"]["selector"]["matchLabels"].as_object().unwrap();
-        for (k, v) in selected {
-            assert_eq!(
-                &service["metadata"]["labels"][k], v,
-                "{op}: selects its Service"
-            );
-        }
+        let matches = |doc: &Value| {
+            selected
+                .iter()
+                .all(|(k, v)| &doc["metadata"]["labels"][k] == v)
+        };
+        // Exactly its metrics Service: not etcd-proxy's gRPC or the registry's webhook one.
+        let services: Vec<&str> = of_kind(&docs, "Service")
+            .into_iter()
+            .filter(|d| matches(d))
+            .map(name)
+            .collect();
+        assert_eq!(
+            services,
+            [format!("{RELEASE}-{op}")],
+            "{op}: selects its Service"
+        );
+        let service = metrics_service(&docs, op);
         assert_eq!(
             sm["spec"]["endpoints"][0]["port"],
             service["spec"]["ports"][0]["name"]
@@ -473,6 +1229,10 @@ fn values_reach_the_operators_arguments_and_environment() {
         ("image.tag", "1.2.3"),
         ("image.pullPolicy", "Never"),
         ("leaderElection.leaseDurationSeconds", "20"),
+        ("operators.registry.heartbeatSeconds", "5"),
+        ("operators.registry.ttlSeconds", "30"),
+        ("operators.registry.webhookPort", "9444"),
+        ("operators.etcdProxy.grpcPort", "2400"),
     ]);
     let claimer = deployment(&docs, "pool-claimer");
     let env = environment(&docs, claimer);
@@ -538,6 +1298,15 @@ fn values_reach_the_operators_arguments_and_environment() {
     assert_eq!(bootstrapper["KONTINUUM_SERVICE_ACCOUNT_KEY_BITS"], "2048");
     assert_eq!(bootstrapper["KONTINUUM_TEARDOWN_TIMEOUT_SECONDS"], "86400");
     assert_eq!(bootstrapper["KONTINUUM_TALOS_PORT"], "50000");
+    let registry = deployment(&docs, "registry");
+    let env = environment(&docs, registry);
+    assert_eq!(env["KONTINUUM_REGISTRY_HEARTBEAT_SECONDS"], "5");
+    assert_eq!(env["KONTINUUM_REGISTRY_TTL_SECONDS"], "30");
+    assert!(args(registry).contains(&"--webhook-addr=$(POD_IP):9444".to_owned()));
+    assert_eq!(container_port(registry, "webhook"), 9444);
+    let proxy = deployment(&docs, "etcd-proxy");
+    assert!(args(proxy).contains(&"--listen=$(POD_IP):2400".to_owned()));
+    assert_eq!(container_port(proxy, "grpc"), 2400);
 
     // An empty mirror is left out (the binary's default: the built-ins' own repositories).
     let defaults = render(&[]);
@@ -563,24 +1332,43 @@ fn values_reach_the_operators_arguments_and_environment() {
 }
 
 /// Every flag the chart passes, and every KONTINUUM_* variable of an operator's own settings,
-/// is one the binary accepts (a binary refuses unknown flags): checked against `--help`.
+/// is one the binary (its subcommand, for etcd-proxy and registry) accepts (a binary refuses
+/// unknown flags): checked against `--help`.
 #[test]
 fn rendered_flags_and_variables_are_ones_the_binaries_know() {
-    let docs = render(&[(
-        "operators.addonInstaller.chartMirror",
-        "https://mirror.example",
-    )]);
-    for op in OPERATORS {
+    let defaults = render(&[]);
+    let others = render(&[
+        (
+            "operators.addonInstaller.chartMirror",
+            "https://mirror.example",
+        ),
+        ("store.external.endpoints[0]", "https://store.example:2379"),
+        ("store.external.tls.secretName", "store-client"),
+        (
+            "operators.registry.webhookUrl",
+            "https://hub.example:9443/convert",
+        ),
+    ]);
+    for (docs, op) in OPERATORS
+        .iter()
+        .flat_map(|op| [(&defaults, *op), (&others, *op)])
+    {
         let bin = kontinuum_e2e::workspace_binary(op).unwrap();
+        let d = deployment(docs, op);
+        let subcommand = chart::deployment_subcommand(docs, op).unwrap();
         let out = std::process::Command::new(&bin)
+            .args(subcommand.iter())
             .arg("--help")
             .output()
             .unwrap();
-        assert!(out.status.success(), "{op} --help");
+        assert!(out.status.success(), "{op} {subcommand:?} --help");
         let help = String::from_utf8_lossy(&out.stdout);
-        let d = deployment(&docs, op);
-        for arg in args(d) {
+        for arg in args(d).iter().skip(usize::from(subcommand.is_some())) {
             let flag = arg.split('=').next().unwrap();
+            assert!(
+                flag.starts_with("--"),
+                "{op}: {arg} is not a flag (a subcommand must come first)"
+            );
             assert!(
                 help.contains(&format!("{flag} "))
                     || help.contains(&format!("{flag}\n"))
@@ -597,22 +1385,18 @@ fn rendered_flags_and_variables_are_ones_the_binaries_know() {
             .map(str::to_owned)
             .collect();
         assert!(
-            !own.is_empty() || op == "pool-claimer",
+            !own.is_empty() || ["pool-claimer", "etcd-proxy"].contains(&op),
             "{op}: its settings are rendered"
         );
-        for var in own {
-            assert!(
-                help.contains(&format!("[env: {var}=")),
-                "{op} does not read {var}:\n{help}"
-            );
+        let mut read = vec!["KONTINUUM_LOG_LEVEL", "KONTINUUM_LOG_FORMAT"];
+        if WATCHING_OPERATORS.contains(&op) {
+            read.push("KONTINUUM_WATCH_NAMESPACE");
         }
-        for var in [
-            "KONTINUUM_LOG_LEVEL",
-            "KONTINUUM_LOG_FORMAT",
-            "KONTINUUM_WATCH_NAMESPACE",
-            "POD_NAMESPACE",
-            "POD_NAME",
-        ] {
+        if op != "etcd-proxy" {
+            // The Lease's namespace and this replica's identity.
+            read.extend(["POD_NAMESPACE", "POD_NAME"]);
+        }
+        for var in own.iter().map(String::as_str).chain(read) {
             assert!(
                 help.contains(&format!("[env: {var}=")),
                 "{op} does not read {var}:\n{help}"
@@ -649,6 +1433,12 @@ fn a_disabled_operator_leaves_nothing_behind() {
             .collect();
         assert_eq!(left, others, "{op} disabled: the others are unchanged");
     }
+    // Without either, no serving certificate is needed, so no CA either.
+    let neither = render(&[
+        ("operators.etcdProxy.enabled", "false"),
+        ("operators.registry.enabled", "false"),
+    ]);
+    assert!(of_kind(&neither, "Secret").is_empty());
 }
 
 #[test]
@@ -680,6 +1470,44 @@ fn bad_values_are_refused_naming_them() {
             "leaseDurationSeconds",
         ),
         (("operatorDefaults.adminPort", "70000"), "adminPort"),
+        (("store.replicas", "2"), "replicas"),
+        (("store.bogus", "1"), "bogus"),
+        (("store.external.endpoints[0]", "store:2379"), "endpoints"),
+        (
+            ("store.external.endpoints[0]", "ftp://store:2379"),
+            "endpoints",
+        ),
+        (
+            ("store.external.tls.secretName", "Not_A_Name"),
+            "secretName",
+        ),
+        (("store.persistence.size", "lots"), "size"),
+        (("store.image.pullPolicy", "Sometimes"), "pullPolicy"),
+        (("store.logLevel", "loud"), "logLevel"),
+        (
+            ("store.autoCompactionRetention", "soon"),
+            "autoCompactionRetention",
+        ),
+        (("operators.etcdProxy.service.type", "ExternalName"), "type"),
+        (("operators.etcdProxy.service.port", "0"), "port"),
+        (
+            ("operators.etcdProxy.identityNamespace", "Bad_Ns"),
+            "identityNamespace",
+        ),
+        (("operators.registry.ttlSeconds", "1"), "ttlSeconds"),
+        (("operators.registry.bogus", "1"), "bogus"),
+        (("certManager.issuerRef.kind", "Vault"), "kind"),
+        (("certManager.duration", "90 days"), "duration"),
+        (
+            ("operators.registry.webhookUrl", "http://hub:9443/convert"),
+            "webhookUrl",
+        ),
+        (("operatorDefaults.hostNetwork", "sometimes"), "hostNetwork"),
+        // Checked by the templates rather than the schema.
+        (
+            ("certManager.enabled", "true"),
+            "certManager.issuerRef.name",
+        ),
     ] {
         let err = helm_error(&[set]);
         assert!(
@@ -698,6 +1526,20 @@ fn helm_lint_strict_passes() {
         vec![
             "--set",
             "watchNamespace=foo,serviceMonitor.enabled=true,operatorDefaults.replicas=2",
+        ],
+        vec![
+            "--set",
+            "store.replicas=3,store.persistence.enabled=false,certManager.enabled=true,\
+             certManager.issuerRef.name=ca,server.grpcEndpoint=203.0.113.7:443",
+        ],
+        vec![
+            "--set",
+            "store.external.endpoints[0]=https://store.example:2379,\
+             store.external.tls.secretName=store-client,\
+             operators.etcdProxy.service.type=LoadBalancer,\
+             operators.etcdProxy.service.nodePort=30443,\
+             operators.registry.hostNetwork=true,\
+             operators.registry.webhookUrl=https://hub.example:9443/convert",
         ],
     ] {
         let mut args = vec!["lint", "--strict", &dir];
@@ -870,6 +1712,11 @@ async fn helm_install_is_accepted_by_the_api_server() {
             &ns,
             "--set",
             "operatorDefaults.replicas=2",
+            // No volume provisioner here; KWOK runs the members.
+            "--set",
+            "store.persistence.enabled=false",
+            "--set",
+            "store.replicas=3",
             "--wait",
             "--timeout",
             "120s",
@@ -904,6 +1751,16 @@ async fn helm_install_is_accepted_by_the_api_server() {
             d.metadata.name.unwrap_or_default()
         );
     }
+    assert!(stdout.contains("Store: StatefulSet"), "NOTES: {stdout}");
+    let store = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), &ns)
+        .get(&format!("{release}-kontinuum-store"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.status.unwrap_or_default().ready_replicas,
+        Some(3),
+        "the store's three members"
+    );
 }
 
 /// (operator, verb, API group, resource[/subresource], namespace, object name, allowed)
@@ -1263,6 +2120,202 @@ async fn the_chart_grants_each_operator_what_it_needs_and_no_more() {
             Some(lease("talos-bootstrapper")),
             false,
         ),
+        // etcd-proxy: the identity Secrets of one namespace, read from a watch; nothing else.
+        ("etcd-proxy", "list", "", "secrets", &home, None, true),
+        ("etcd-proxy", "watch", "", "secrets", &home, None, true),
+        ("etcd-proxy", "get", "", "secrets", &home, None, false),
+        ("etcd-proxy", "list", "", "secrets", &work, None, false),
+        ("etcd-proxy", "list", "", "secrets", "", None, false),
+        ("etcd-proxy", "watch", "", "secrets", "", None, false),
+        ("etcd-proxy", "create", "", "secrets", &home, None, false),
+        ("etcd-proxy", "update", "", "secrets", &home, None, false),
+        ("etcd-proxy", "patch", "", "secrets", &home, None, false),
+        ("etcd-proxy", "delete", "", "secrets", &home, None, false),
+        (
+            "etcd-proxy",
+            "create",
+            "events.k8s.io",
+            "events",
+            &home,
+            None,
+            false,
+        ),
+        (
+            "etcd-proxy",
+            "create",
+            "coordination.k8s.io",
+            "leases",
+            &home,
+            None,
+            false,
+        ),
+        ("etcd-proxy", "list", kontinuum, "zones", &home, None, false),
+        // registry: Kontinuums at home, its CRD's conversion, its Lease, Events.
+        (
+            "registry",
+            "create",
+            kontinuum,
+            "kontinuums",
+            &home,
+            None,
+            true,
+        ),
+        (
+            "registry",
+            "delete",
+            kontinuum,
+            "kontinuums",
+            &home,
+            None,
+            true,
+        ),
+        (
+            "registry",
+            "watch",
+            kontinuum,
+            "kontinuums",
+            &home,
+            None,
+            true,
+        ),
+        (
+            "registry",
+            "patch",
+            kontinuum,
+            "kontinuums/status",
+            &home,
+            None,
+            true,
+        ),
+        (
+            "registry",
+            "create",
+            kontinuum,
+            "kontinuums",
+            &work,
+            None,
+            false,
+        ),
+        ("registry", "list", kontinuum, "kontinuums", "", None, false),
+        (
+            "registry",
+            "update",
+            kontinuum,
+            "kontinuums",
+            &home,
+            None,
+            false,
+        ),
+        ("registry", "create", kontinuum, "zones", &home, None, false),
+        (
+            "registry",
+            "patch",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "",
+            Some("kontinuums.kontinuum.sh".to_owned()),
+            true,
+        ),
+        (
+            "registry",
+            "get",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "",
+            Some("kontinuums.kontinuum.sh".to_owned()),
+            true,
+        ),
+        (
+            "registry",
+            "watch",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "",
+            Some("kontinuums.kontinuum.sh".to_owned()),
+            true,
+        ),
+        (
+            "registry",
+            "list",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "",
+            None,
+            false,
+        ),
+        (
+            "registry",
+            "patch",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "",
+            Some("zones.kontinuum.sh".to_owned()),
+            false,
+        ),
+        (
+            "registry",
+            "patch",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "",
+            Some("certificates.cert-manager.io".to_owned()),
+            false,
+        ),
+        (
+            "registry",
+            "create",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "",
+            None,
+            false,
+        ),
+        (
+            "registry",
+            "update",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "",
+            Some("kontinuums.kontinuum.sh".to_owned()),
+            false,
+        ),
+        (
+            "registry",
+            "delete",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "",
+            Some("kontinuums.kontinuum.sh".to_owned()),
+            false,
+        ),
+        ("registry", "get", "", "secrets", &home, None, false),
+        (
+            "registry",
+            "create",
+            "events.k8s.io",
+            "events",
+            &home,
+            None,
+            true,
+        ),
+        (
+            "registry",
+            "patch",
+            "coordination.k8s.io",
+            "leases",
+            &home,
+            Some(lease("registry")),
+            true,
+        ),
+        (
+            "registry",
+            "patch",
+            "coordination.k8s.io",
+            "leases",
+            &home,
+            Some(lease("pool-claimer")),
+            false,
+        ),
     ];
     let mut wrong = Vec::new();
     for (op, verb, group, resource, ns, object, allowed) in &cases {
@@ -1322,6 +2375,10 @@ async fn the_chart_grants_each_operator_what_it_needs_and_no_more() {
             "events",
             true,
         ),
+        // etcd-proxy follows watchNamespace (where the Zones and their identities are).
+        ("etcd-proxy", "list", "", "secrets", true),
+        // The registry stays in the release namespace: nothing in `work`.
+        ("registry", "create", kontinuum, "kontinuums", false),
     ] {
         let (user, groups) = chart::service_account_identity(&scoped_home, &accounts[op]);
         for (ns, want) in [(work.as_str(), allowed_in_work), (other.as_str(), false)] {
@@ -1359,6 +2416,22 @@ async fn the_chart_grants_each_operator_what_it_needs_and_no_more() {
             "{op}: no cluster-wide list with watchNamespace"
         );
     }
+    let (user, groups) = chart::service_account_identity(&scoped_home, &accounts["registry"]);
+    assert!(
+        chart::can(
+            &client,
+            &user,
+            &groups,
+            "create",
+            kontinuum,
+            "kontinuums",
+            Some(&scoped_home),
+            None
+        )
+        .await
+        .unwrap(),
+        "the registry's Kontinuums stay in the release namespace"
+    );
 }
 
 /// pool-claimer as a host process with exactly the chart's namespaced RBAC (watchNamespace)

@@ -3,47 +3,74 @@
 //! pods as real processes. Every operator runs from its own Deployment on its own
 //! ServiceAccount token (in-cluster config: nothing started by hand, no admin credentials);
 //! a TalosCluster goes from emulated machines in maintenance mode to `Ready` with the
-//! fixture charts; `helm upgrade` rolls the Deployments and the new pods take the Leases;
-//! each ServiceAccount is refused what it has no business doing; `helm uninstall` stops
-//! every process.
+//! fixture charts; the zones' side of the hub answers: etcd-proxy serves TLS with the
+//! chart's certificate in front of the store (a test-bed etcd, `store.external.endpoints`)
+//! and refuses a call without a token, the registry heartbeats the hub's Kontinuum and
+//! wires the CRD's conversion webhook to its Service, through which the API server then
+//! converts; `helm upgrade` rolls the Deployments, the new pods take the Leases and the
+//! certificates are kept (or re-issued by the same CA when their names change); each
+//! ServiceAccount is refused what it has no business doing; `helm uninstall` stops every
+//! process.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
     clippy::large_futures,
-    clippy::too_many_lines
+    clippy::too_many_lines,
+    clippy::print_stderr
 )]
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kontinuum_crds::{v1alpha1, v1alpha2};
 use kontinuum_e2e::addons::ChartRepo;
 use kontinuum_e2e::bootstrapper::{create_cluster, create_instance, wait_cluster};
+use kontinuum_e2e::chart::{self, Store};
 use kontinuum_e2e::testbed::{ControlPlane, ControlPlaneConfig, HostletConfig, Tools, unique_dir};
 use kontinuum_e2e::{
     audit_writes, eventually, install_kontinuum_crds, service_account_user, workspace_binary,
 };
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt as _};
 use talos_emulator::{Emulator, Settings};
 
 const LIMIT: Duration = Duration::from_secs(240);
 const RELEASE: &str = "kontinuum";
-const OPERATORS: [&str; 4] = [
+const NS: &str = "kontinuum-system";
+/// The hostlet node's address (`hub_with_hostlet(.., 98)`): a pod on the node's network has
+/// it.
+const NODE_IP: Ipv4Addr = Ipv4Addr::new(127, 98, 0, 2);
+const OPERATORS: [&str; 6] = [
     "instance-discovery",
     "pool-claimer",
     "talos-bootstrapper",
     "addon-installer",
+    "etcd-proxy",
+    "registry",
 ];
+/// The operators that hold a Lease (etcd-proxy has none: every replica serves).
+const LEADER_ELECTED: [&str; 5] = [
+    "instance-discovery",
+    "pool-claimer",
+    "talos-bootstrapper",
+    "addon-installer",
+    "registry",
+];
+/// What zones dial (`server.grpcEndpoint`): the proxy's certificate must name it.
+const GRPC_HOST: &str = "proxy.hub.test";
 
 /// The hostlet's image map: the chart's image (`kontinuum`, any tag) holds the workspace's
-/// operator binaries and the test bed's helm at their in-image paths.
+/// operator binaries and the test bed's helm at their in-image paths; the store's image
+/// (the upstream etcd's, any tag) the test bed's etcd.
 fn image_map(dir: &Path, tools: &Tools) -> PathBuf {
     use std::fmt::Write as _;
     let mut map = String::from("images:\n  - image: kontinuum\n    files:\n");
@@ -57,10 +84,36 @@ fn image_map(dir: &Path, tools: &Tools) -> PathBuf {
         tools.path("helm").display()
     )
     .unwrap();
+    writeln!(
+        map,
+        "  - image: quay.io/coreos/etcd\n    files:\n      /usr/local/bin/etcd: {}",
+        tools.path("etcd").display()
+    )
+    .unwrap();
     let path = dir.join("images.yaml");
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(&path, map).unwrap();
     path
+}
+
+/// A hub of its own whose only node is a hostlet, so that every pod of the chart runs for
+/// real: the API server on `127.<net>.0.1`, the node on `127.<net>.0.2`, pods on
+/// `127.<net>.1.0/24` (tests of this file run at once, each on its own `net`).
+async fn hub_with_hostlet(tools: &Tools, dir: &Path, net: u8) -> ControlPlane {
+    let mut config = ControlPlaneConfig::new(dir.join("hub"));
+    config.address = Ipv4Addr::new(127, net, 0, 1).into();
+    config.nodes = Vec::new();
+    let mut hub = ControlPlane::start(tools, config).await.unwrap();
+    let mut hostlet = HostletConfig::new(
+        "hub-node",
+        Ipv4Addr::new(127, net, 0, 2),
+        image_map(dir, tools),
+        workspace_binary("hostlet").unwrap(),
+    );
+    hostlet.pod_cidr = Some(format!("127.{net}.1.0/24"));
+    hostlet.initial_backoff_seconds = Some(1);
+    hub.start_hostlet(&hostlet).await.unwrap();
+    hub
 }
 
 /// Runs the test bed's helm against the hub; fails the test with helm's output.
@@ -113,10 +166,12 @@ fn pod_processes(namespace: &str) -> BTreeMap<u32, String> {
         if environ.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
             let exe = std::fs::read_link(entry.path().join("exe"))
                 .map(|p| {
+                    // A binary rebuilt while it runs reads "<name> (deleted)".
                     p.file_name()
                         .unwrap_or_default()
                         .to_string_lossy()
-                        .into_owned()
+                        .trim_end_matches(" (deleted)")
+                        .to_owned()
                 })
                 .unwrap_or_default();
             found.insert(pid, exe);
@@ -152,6 +207,141 @@ async fn can(
         .is_some_and(|s| s.allowed)
 }
 
+/// Where Service `service` routes to: a Ready pod it selects, at the container port its
+/// first port's targetPort names; what its EndpointSlice would list. (The test bed has no
+/// EndpointSlices for hostlet pods: the API server refuses loopback addresses in them, and
+/// the hostlet's pod IPs are loopback addresses.)
+async fn service_target(client: &Client, ns: &str, service: &str) -> Option<SocketAddr> {
+    let spec = Api::<Service>::namespaced(client.clone(), ns)
+        .get(service)
+        .await
+        .ok()?
+        .spec?;
+    let Some(IntOrString::String(port_name)) = spec.ports?.first()?.target_port.clone() else {
+        return None;
+    };
+    let selector: Vec<String> = spec
+        .selector?
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&selector.join(",")))
+        .await
+        .ok()?;
+    pods.items.into_iter().find_map(|pod| {
+        let status = pod.status?;
+        let ready = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        if !ready || pod.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        let ip: IpAddr = status.pod_ip?.parse().ok()?;
+        let port = pod.spec?.containers.into_iter().find_map(|c| {
+            c.ports
+                .into_iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(port_name.as_str()))
+        })?;
+        Some(SocketAddr::new(
+            ip,
+            u16::try_from(port.container_port).ok()?,
+        ))
+    })
+}
+
+/// The data of Secret `name`.
+async fn secret_data(client: &Client, ns: &str, name: &str) -> BTreeMap<String, Vec<u8>> {
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("Secret {name}: {e}"))
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect()
+}
+
+/// Whether a TLS client that trusts only `ca` (a PEM file) accepts the certificate served at
+/// `addr` for `server_name`: the test bed's kubectl (Go's crypto/tls) with that server name
+/// and CA. What it then sends is no gRPC call, so only the handshake's verdict counts: a
+/// refused certificate is an `x509:` error; an accepted one gets an HTTP answer. Returns the
+/// verdict and what kubectl said.
+async fn tls_accepts(
+    tools: &Tools,
+    dir: &Path,
+    ca: &[u8],
+    addr: SocketAddr,
+    server_name: &str,
+) -> (bool, String) {
+    let ca_file = dir.join("tls-check-ca.crt");
+    std::fs::write(&ca_file, ca).unwrap();
+    let kubeconfig = dir.join(format!("tls-check-{server_name}.kubeconfig"));
+    let config = serde_json::json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "check",
+        "clusters": [{ "name": "proxy", "cluster": {
+            "server": format!("https://{addr}"),
+            "certificate-authority": ca_file,
+            "tls-server-name": server_name,
+        }}],
+        // A token, so that kubectl asks for no credentials (nothing checks it).
+        "users": [{ "name": "nobody", "user": { "token": "none" } }],
+        "contexts": [{ "name": "check", "context": { "cluster": "proxy", "user": "nobody" } }],
+    });
+    std::fs::write(&kubeconfig, config.to_string()).unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(tools.path("kubectl"))
+            .args(["--kubeconfig"])
+            .arg(&kubeconfig)
+            .args(["get", "--raw", "/", "--request-timeout=10s"])
+            .env("HOME", dir)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("kubectl timed out")
+    .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let refused = said.contains("x509:");
+    // Accepted means the server answered over the verified connection: an HTTP response
+    // (gRPC's is empty; the webhook's a 404), nothing else (no refused connection).
+    let answered = out.status.success() || said.contains("Error from server");
+    assert!(
+        refused || answered,
+        "no verdict from the TLS handshake at {addr}: {said}"
+    );
+    (!refused, said)
+}
+
+/// Checks the serving certificate at `addr` against the CA `ca`: accepted for each of
+/// `names`, refused for a name it does not carry (so a check that accepts everything
+/// cannot pass).
+async fn assert_serves_for(tools: &Tools, dir: &Path, ca: &[u8], addr: SocketAddr, names: &[&str]) {
+    for name in names {
+        let (accepted, said) = tls_accepts(tools, dir, ca, addr, name).await;
+        eprintln!("TLS as {name} at {addr}: {}", said.trim());
+        assert!(
+            accepted,
+            "the certificate at {addr} is refused for {name}: {said}"
+        );
+    }
+    let (accepted, said) = tls_accepts(tools, dir, ca, addr, "elsewhere.hub.test").await;
+    assert!(
+        !accepted,
+        "a name the certificate lacks was accepted: {said}"
+    );
+}
+
 /// The ReplicaSet hash of each operator's running, Ready pods.
 async fn ready_pods(client: &Client, ns: &str) -> BTreeMap<String, Vec<(String, String)>> {
     let pods = Api::<Pod>::namespaced(client.clone(), ns)
@@ -183,34 +373,186 @@ async fn ready_pods(client: &Client, ns: &str) -> BTreeMap<String, Vec<(String, 
     by_op
 }
 
+/// Where the CRD's conversion webhook should point.
+enum Webhook<'a> {
+    /// The chart's Service (namespace, name), port 443, path `/convert`.
+    Service(&'a str, &'a str),
+    /// A URL.
+    Url(&'a str),
+}
+
+/// Waits until the Kontinuum CRD converts through the registry's webhook: strategy
+/// Webhook, conversion reviews v1, the expected target and the chart's CA.
+async fn assert_conversion_wired(client: &Client, target: &Webhook<'_>, ca: &[u8]) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    wait_for("the Kontinuum CRD's conversion webhook", || {
+        let crds = crds.clone();
+        async move {
+            let conversion = crds
+                .get("kontinuums.kontinuum.sh")
+                .await
+                .ok()?
+                .spec
+                .conversion?;
+            let webhook = conversion.webhook.as_ref()?;
+            let config = webhook.client_config.as_ref()?;
+            let points = match (target, &config.service, &config.url) {
+                (Webhook::Service(ns, name), Some(svc), None) => {
+                    svc.namespace == *ns
+                        && svc.name == *name
+                        && svc.port == Some(443)
+                        && svc.path.as_deref() == Some("/convert")
+                }
+                (Webhook::Url(url), None, Some(set)) => set == url,
+                _ => false,
+            };
+            (conversion.strategy == "Webhook"
+                && points
+                && webhook.conversion_review_versions == ["v1"]
+                && config.ca_bundle.as_ref().map(|b| b.0.as_slice()) == Some(ca))
+            .then_some(())
+        }
+    })
+    .await;
+}
+
+/// Reads Kontinuum `name` as `kontinuum.sh/v1alpha1` (stored as v1alpha2: the API server
+/// converts through the webhook), retrying until it works.
+async fn read_v1alpha1(client: &Client, ns: &str, name: &str) -> DynamicObject {
+    let resource = ApiResource::erase::<v1alpha1::Kontinuum>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        match api.get(name).await {
+            Ok(object) => return object,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("v1alpha1 read of {name} not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("v1alpha1 read of {name} failed for {LIMIT:?}: {e}"),
+        }
+    }
+}
+
+/// `helm upgrade` with `args`, then waits until every operator runs a new pod (a new
+/// ReplicaSet), Ready, holding its Lease (etcd-proxy has none), and none of the `old`
+/// processes is left; returns the new processes.
+async fn upgrade_and_wait(
+    tools: &Tools,
+    hub: &ControlPlane,
+    helm_home: &Path,
+    args: &[&str],
+    old: &BTreeMap<u32, String>,
+) -> BTreeMap<u32, String> {
+    let client = hub.client();
+    let before = ready_pods(&client, NS).await;
+    helm(tools, hub.kubeconfig_path(), helm_home, args).await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    eventually(LIMIT, "new pods Ready and holding the Leases", || async {
+        let now = ready_pods(&client, NS).await;
+        for op in OPERATORS {
+            let (Some(old), Some(new)) = (before.get(op), now.get(op)) else {
+                return Ok(false);
+            };
+            let [(pod, hash)] = new.as_slice() else {
+                return Ok(false);
+            };
+            if old.iter().any(|(_, h)| h == hash) {
+                return Ok(false);
+            }
+            if !LEADER_ELECTED.contains(&op) {
+                continue;
+            }
+            let holder = leases
+                .get(&format!("{RELEASE}-{op}"))
+                .await?
+                .spec
+                .and_then(|s| s.holder_identity);
+            if holder.as_deref() != Some(pod.as_str()) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })
+    .await
+    .unwrap();
+    // etcd-proxy's old pod leaves only once its successor is Ready (a rolling update).
+    let mut now = BTreeMap::new();
+    eventually(LIMIT, "the old processes replaced", || {
+        now = pod_processes(NS);
+        let done = now.len() == OPERATORS.len() && now.keys().all(|pid| !old.contains_key(pid));
+        async move { Ok(done) }
+    })
+    .await
+    .unwrap();
+    now
+}
+
+/// The registry's successful conversions so far, from its `/metrics` at `admin`.
+async fn conversions(admin: SocketAddr) -> u64 {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let fetch = async {
+        let mut stream = tokio::net::TcpStream::connect(admin).await?;
+        stream
+            .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {admin}\r\n\r\n").as_bytes())
+            .await?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await?;
+        std::io::Result::Ok(text)
+    };
+    let text = tokio::time::timeout(Duration::from_secs(10), fetch)
+        .await
+        .expect("the registry's /metrics timed out")
+        .unwrap();
+    let counted: Vec<u64> = text
+        .lines()
+        .filter(|l| l.contains("conversions_total{") && l.contains("result=\"success\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    assert!(!counted.is_empty(), "no conversions counter in:\n{text}");
+    counted.iter().sum()
+}
+
+/// Polls `check` every 200 ms until it gives `Some`, for at most [`LIMIT`].
+async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {LIMIT:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() {
     kontinuum_e2e::testbed::install_crypto_provider();
     let tools = Tools::locate().unwrap();
     let dir = unique_dir("chart-install");
-    // A hub of its own whose only node is a hostlet: every pod of the chart runs for real.
-    let mut config = ControlPlaneConfig::new(dir.join("hub"));
-    config.address = Ipv4Addr::new(127, 98, 0, 1).into();
-    config.nodes = Vec::new();
-    let mut hub = ControlPlane::start(&tools, config).await.unwrap();
-    let mut hostlet = HostletConfig::new(
-        "hub-node",
-        Ipv4Addr::new(127, 98, 0, 2),
-        image_map(&dir, &tools),
-        workspace_binary("hostlet").unwrap(),
-    );
-    hostlet.pod_cidr = Some("127.98.1.0/24".into());
-    hostlet.initial_backoff_seconds = Some(1);
-    hub.start_hostlet(&hostlet).await.unwrap();
+    let hub = hub_with_hostlet(&tools, &dir, 98).await;
     let client = hub.client();
     let kubeconfig = hub.kubeconfig_path().to_path_buf();
     let helm_home = dir.join("helm");
     let repo = ChartRepo::serve(&tools).await.unwrap();
-    let ns = "kontinuum-system";
+    let ns = NS;
+    // The store: the test bed's etcd, given to the chart as a store of the user's own.
+    let store = Store::start(&tools, &dir, Ipv4Addr::new(127, 98, 0, 3).into())
+        .await
+        .unwrap();
 
     // 1. helm install, as a user would, with test-friendly intervals.
     let started = Instant::now();
     let mirror = format!("operators.addonInstaller.chartMirror={}", repo.url);
+    let store_endpoint = format!("store.external.endpoints[0]={}", store.endpoint);
+    let grpc_endpoint = format!("server.grpcEndpoint={GRPC_HOST}:443");
     let install_args = [
         "install",
         RELEASE,
@@ -230,6 +572,12 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
         "operators.addonInstaller.resyncInterval=2s",
         "--set",
         "operators.addonInstaller.retryInterval=1s",
+        "--set",
+        &store_endpoint,
+        "--set",
+        &grpc_endpoint,
+        "--set",
+        "auth.insecureAllowAnonymous=true",
         "--wait",
         "--timeout",
         "4m",
@@ -250,16 +598,9 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
     let processes = pod_processes(ns);
     let mut binaries: Vec<&str> = processes.values().map(String::as_str).collect();
     binaries.sort_unstable();
-    assert_eq!(
-        binaries,
-        [
-            "addon-installer",
-            "instance-discovery",
-            "pool-claimer",
-            "talos-bootstrapper"
-        ],
-        "{processes:?}"
-    );
+    let mut expected = OPERATORS.to_vec();
+    expected.sort_unstable();
+    assert_eq!(binaries, expected, "{processes:?}");
     for pid in processes.keys() {
         let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
         assert!(
@@ -270,7 +611,118 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
         );
     }
 
-    // 2. A TalosCluster from emulated machines to Ready, through the installed operators.
+    // 2. The zones' side of the hub. etcd-proxy serves TLS with the chart's certificate at
+    //    its Service's endpoint, for the name zones dial and the Service's names, and a real
+    //    etcd client without a token is refused.
+    let ca = secret_data(&client, ns, &format!("{RELEASE}-ca")).await["tls.crt"].clone();
+    let proxy_tls = secret_data(&client, ns, &format!("{RELEASE}-etcd-proxy-tls")).await;
+    assert_eq!(
+        proxy_tls["ca.crt"], ca,
+        "the proxy's Secret carries the chart's CA"
+    );
+    let grpc_service = format!("{RELEASE}-etcd-proxy-grpc");
+    let proxy_addr = wait_for("a Ready endpoint of etcd-proxy's Service", || {
+        service_target(&client, ns, &grpc_service)
+    })
+    .await;
+    let svc_name = format!("{grpc_service}.{ns}.svc");
+    assert_serves_for(&tools, &dir, &ca, proxy_addr, &[GRPC_HOST, &svc_name]).await;
+    let out = chart::etcdctl(
+        &tools,
+        &[
+            &format!("--endpoints=https://{proxy_addr}"),
+            "--insecure-skip-tls-verify",
+        ],
+        &["get", "/kontinuum.sh/zones/eu/1a/registry/x"],
+    )
+    .await
+    .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success() && said.contains("Unauthenticated"),
+        "etcdctl without a token: {said}"
+    );
+
+    //    The registry heartbeats the hub's Kontinuum (named after the release) ...
+    let kontinuums: Api<v1alpha2::Kontinuum> = Api::namespaced(client.clone(), ns);
+    let hub_entry = wait_for("the hub's Kontinuum, heartbeating", || async {
+        kontinuums
+            .get_opt(RELEASE)
+            .await
+            .ok()
+            .flatten()
+            .filter(|k| {
+                k.status
+                    .as_ref()
+                    .is_some_and(|s| s.last_heartbeat_time.is_some())
+            })
+    })
+    .await;
+    eprintln!("the hub's Kontinuum after install: {:?}", started.elapsed());
+    assert_eq!(
+        hub_entry.status.and_then(|s| s.role),
+        Some(v1alpha2::KontinuumRole::ControlPlane)
+    );
+    //    ... mirrors a zone's registration from the store the chart points it at (written
+    //    straight into the store here, as a zone agent would through relay and proxy) ...
+    let key = "/kontinuum.sh/zones/eu/1a/registry/agent";
+    let value = serde_json::json!({
+        "name": "agent", "region": "eu", "zone": "1a", "version": "0.1.0",
+        "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::now().round(k8s_openapi::jiff::Unit::Second).unwrap().to_string(),
+    });
+    let put = store
+        .etcdctl(&tools, &["put", key, &value.to_string()])
+        .await
+        .unwrap();
+    assert!(put.status.success(), "{put:?}");
+    let mirrored = wait_for("the zone's registration mirrored", || async {
+        kontinuums.get_opt("eu.1a.agent").await.ok().flatten()
+    })
+    .await;
+    let labels = mirrored.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        labels.get("kontinuum.sh/region").map(String::as_str),
+        Some("eu")
+    );
+    assert_eq!(
+        labels.get("kontinuum.sh/zone").map(String::as_str),
+        Some("1a")
+    );
+    let del = store.etcdctl(&tools, &["del", key]).await.unwrap();
+    assert!(del.status.success(), "{del:?}");
+    wait_for("the mirrored Kontinuum gone with its key", || async {
+        matches!(kontinuums.get_opt("eu.1a.agent").await, Ok(None)).then_some(())
+    })
+    .await;
+    //    ... and points the CRD's conversion webhook at its Service, with the chart's CA,
+    //    which the registry pod serves. (The API server cannot call it there on the test bed:
+    //    it reaches a Service through its EndpointSlices, which refuse the hostlet's loopback
+    //    pod IPs. The conversion itself is shown after the second upgrade, with webhookUrl.)
+    let webhook_service = format!("{RELEASE}-registry-webhook");
+    let webhook_tls = secret_data(&client, ns, &format!("{webhook_service}-tls")).await;
+    assert_eq!(
+        webhook_tls["ca.crt"], ca,
+        "the webhook's Secret carries the chart's CA"
+    );
+    assert_conversion_wired(&client, &Webhook::Service(ns, &webhook_service), &ca).await;
+    let webhook_addr = wait_for("the registry pod behind the webhook Service", || {
+        service_target(&client, ns, &webhook_service)
+    })
+    .await;
+    assert_serves_for(
+        &tools,
+        &dir,
+        &ca,
+        webhook_addr,
+        &[&format!("{webhook_service}.{ns}.svc")],
+    )
+    .await;
+
+    // 3. A TalosCluster from emulated machines to Ready, through the installed operators.
     install_kontinuum_crds(&client).await.unwrap();
     let flow = "flow";
     let ns_obj: k8s_openapi::api::core::v1::Namespace =
@@ -304,20 +756,23 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
         "TalosCluster creation to Ready through the chart's pods: {:?}",
         created.elapsed()
     );
-    // The writes came from the operators' own ServiceAccounts (the audit log's users).
+    // The writes came from the operators' own ServiceAccounts (the audit log's users);
+    // etcd-proxy writes nothing to Kubernetes at all.
     for op in OPERATORS {
         let writes = audit_writes(
             &hub.audit_log(),
             &service_account_user(ns, &format!("{RELEASE}-{op}")),
         )
         .unwrap();
-        assert!(
-            !writes.is_empty(),
-            "{op} wrote nothing as its ServiceAccount"
+        assert_eq!(
+            writes.is_empty(),
+            op == "etcd-proxy",
+            "{op}'s writes as its ServiceAccount: {:?}",
+            writes.iter().map(|w| &w.request_u_r_i).collect::<Vec<_>>()
         );
     }
 
-    // 3. RBAC: each ServiceAccount is refused what it has no business doing, and allowed
+    // 4. RBAC: each ServiceAccount is refused what it has no business doing, and allowed
     //    what it needs (so a broken review cannot pass for a refusal).
     let cases = [
         (
@@ -325,6 +780,7 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
             "patch",
             "kontinuum.sh",
             "instances/status",
+            flow,
             true,
         ),
         (
@@ -332,6 +788,7 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
             "create",
             "kontinuum.sh",
             "talosclusters",
+            flow,
             false,
         ),
         (
@@ -339,27 +796,58 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
             "update",
             "kontinuum.sh",
             "talosclusters",
+            flow,
             false,
         ),
-        ("instance-discovery", "get", "", "secrets", false),
+        ("instance-discovery", "get", "", "secrets", flow, false),
         (
             "instance-discovery",
             "patch",
             "kontinuum.sh",
             "instances",
+            flow,
             false,
         ),
-        ("pool-claimer", "patch", "kontinuum.sh", "instances", true),
-        ("pool-claimer", "get", "", "secrets", false),
-        ("pool-claimer", "delete", "kontinuum.sh", "instances", false),
-        ("pool-claimer", "create", "kontinuum.sh", "addons", false),
-        ("talos-bootstrapper", "create", "", "secrets", true),
-        ("talos-bootstrapper", "delete", "", "namespaces", false),
+        (
+            "pool-claimer",
+            "patch",
+            "kontinuum.sh",
+            "instances",
+            flow,
+            true,
+        ),
+        ("pool-claimer", "get", "", "secrets", flow, false),
+        (
+            "pool-claimer",
+            "delete",
+            "kontinuum.sh",
+            "instances",
+            flow,
+            false,
+        ),
+        (
+            "pool-claimer",
+            "create",
+            "kontinuum.sh",
+            "addons",
+            flow,
+            false,
+        ),
+        ("talos-bootstrapper", "create", "", "secrets", flow, true),
+        (
+            "talos-bootstrapper",
+            "delete",
+            "",
+            "namespaces",
+            flow,
+            false,
+        ),
         (
             "talos-bootstrapper",
             "create",
             "kontinuum.sh",
             "zones",
+            flow,
             false,
         ),
         (
@@ -367,6 +855,7 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
             "create",
             "rbac.authorization.k8s.io",
             "clusterrolebindings",
+            flow,
             false,
         ),
         (
@@ -374,14 +863,16 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
             "patch",
             "kontinuum.sh",
             "addons/status",
+            flow,
             true,
         ),
-        ("addon-installer", "create", "", "secrets", false),
+        ("addon-installer", "create", "", "secrets", flow, false),
         (
             "addon-installer",
             "update",
             "kontinuum.sh",
             "talosclusters",
+            flow,
             false,
         ),
         (
@@ -389,64 +880,123 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
             "patch",
             "kontinuum.sh",
             "instances",
+            flow,
             false,
         ),
+        // etcd-proxy reads the identity Secrets of the release namespace only, and writes
+        // none; the registry's Kontinuums are in the release namespace only.
+        ("etcd-proxy", "watch", "", "secrets", ns, true),
+        ("etcd-proxy", "list", "", "secrets", flow, false),
+        ("etcd-proxy", "list", "", "secrets", "", false),
+        ("etcd-proxy", "create", "", "secrets", ns, false),
+        ("etcd-proxy", "patch", "", "secrets", ns, false),
+        ("registry", "delete", "kontinuum.sh", "kontinuums", ns, true),
+        (
+            "registry",
+            "create",
+            "kontinuum.sh",
+            "kontinuums",
+            flow,
+            false,
+        ),
+        ("registry", "get", "", "secrets", ns, false),
     ];
-    for (op, verb, group, resource, expected) in cases {
+    for (op, verb, group, resource, in_ns, expected) in cases {
         let sa = format!("{RELEASE}-{op}");
         assert_eq!(
-            can(&client, ns, &sa, verb, group, resource, flow).await,
+            can(&client, ns, &sa, verb, group, resource, in_ns).await,
             expected,
-            "{sa} {verb} {group}/{resource}"
+            "{sa} {verb} {group}/{resource} in {in_ns:?}"
         );
     }
 
-    // 4. helm upgrade with a changed value: every Deployment rolls, and each new pod takes
-    //    over its operator's Lease.
-    let before = ready_pods(&client, ns).await;
+    // 5. helm upgrade with a changed value: every Deployment rolls, each new pod takes over
+    //    its operator's Lease; the certificates are kept as they were.
+    let secret_names = [
+        format!("{RELEASE}-ca"),
+        format!("{webhook_service}-tls"),
+        format!("{RELEASE}-etcd-proxy-tls"),
+    ];
+    let mut kept = Vec::new();
+    for name in &secret_names {
+        kept.push(secret_data(&client, ns, name).await);
+    }
     let mut upgrade_args = install_args.to_vec();
     upgrade_args[0] = "upgrade";
     upgrade_args.retain(|a| *a != "--create-namespace");
     upgrade_args.extend(["--set", "logLevel=debug"]);
-    helm(&tools, &kubeconfig, &helm_home, &upgrade_args).await;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
-    eventually(LIMIT, "new pods Ready and holding the Leases", || async {
-        let now = ready_pods(&client, ns).await;
-        for op in OPERATORS {
-            let (Some(old), Some(new)) = (before.get(op), now.get(op)) else {
-                return Ok(false);
-            };
-            let Some((pod, hash)) = new.first() else {
-                return Ok(false);
-            };
-            if old.iter().any(|(_, h)| h == hash) {
-                return Ok(false);
-            }
-            let holder = leases
-                .get(&format!("{RELEASE}-{op}"))
-                .await?
-                .spec
-                .and_then(|s| s.holder_identity);
-            if holder.as_deref() != Some(pod.as_str()) {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    })
-    .await
-    .unwrap();
-    let after = pod_processes(ns);
-    assert_eq!(after.len(), OPERATORS.len(), "{after:?}");
-    assert!(
-        after.keys().all(|pid| !processes.contains_key(pid)),
-        "the old processes were replaced: {processes:?} -> {after:?}"
+    let processes = upgrade_and_wait(&tools, &hub, &helm_home, &upgrade_args, &processes).await;
+    for (name, before) in secret_names.iter().zip(&kept) {
+        assert_eq!(
+            &secret_data(&client, ns, name).await,
+            before,
+            "{name} is kept across upgrades"
+        );
+    }
+    assert_conversion_wired(&client, &Webhook::Service(ns, &webhook_service), &ca).await;
+
+    // 6. helm upgrade with new names: zones now dial another host, and the API server calls
+    //    the webhook at a URL, the registry on the node's network (its address is known
+    //    before it starts, so the certificate can name it). The certificates are re-issued
+    //    for the new names by the same CA; the registry re-wires the CRD; and the API server
+    //    converts through it: v1alpha1 reads of the hub's Kontinuum work.
+    let moved_host = "proxy2.hub.test";
+    let moved_endpoint = format!("server.grpcEndpoint={moved_host}:443");
+    let webhook_url = format!("https://{NODE_IP}:9443/convert");
+    let url_value = format!("operators.registry.webhookUrl={webhook_url}");
+    upgrade_args.extend([
+        "--set",
+        &moved_endpoint,
+        "--set",
+        "operators.registry.hostNetwork=true",
+        "--set",
+        &url_value,
+    ]);
+    upgrade_and_wait(&tools, &hub, &helm_home, &upgrade_args, &processes).await;
+    assert_eq!(
+        secret_data(&client, ns, &secret_names[0]).await,
+        kept[0],
+        "the CA is kept"
     );
-    // The cluster stays Ready across the rollout.
+    for (name, before) in secret_names.iter().zip(&kept).skip(1) {
+        let after = secret_data(&client, ns, name).await;
+        assert_ne!(after["tls.crt"], before["tls.crt"], "{name}: re-issued");
+        assert_eq!(after["ca.crt"], ca, "{name}: by the same CA");
+    }
+    let proxy_addr = wait_for("the etcd-proxy pod behind its Service", || {
+        service_target(&client, ns, &grpc_service)
+    })
+    .await;
+    assert_serves_for(&tools, &dir, &ca, proxy_addr, &[moved_host, &svc_name]).await;
+    assert_conversion_wired(&client, &Webhook::Url(&webhook_url), &ca).await;
+    let registry_admin = SocketAddr::new(NODE_IP.into(), 8080);
+    let conversions_before = conversions(registry_admin).await;
+    let converted = read_v1alpha1(&client, ns, RELEASE).await;
+    let conversions_after = conversions(registry_admin).await;
+    eprintln!("the registry's conversions: {conversions_before} -> {conversions_after}");
+    assert!(
+        conversions_after > conversions_before,
+        "the read went through the registry's webhook: {conversions_before} -> {conversions_after}"
+    );
+    eprintln!(
+        "a v1alpha1 read through the webhook: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        converted.types.as_ref().map(|t| t.api_version.as_str()),
+        Some("kontinuum.sh/v1alpha1")
+    );
+    assert!(
+        converted.data["status"]["lastHeartbeatTime"].is_string(),
+        "the status came through the conversion: {}",
+        converted.data
+    );
+    // The cluster stays Ready across the rollouts.
     wait_cluster(&client, flow, "eu-9a", "Ready", "True", LIMIT)
         .await
         .unwrap();
 
-    // 5. helm uninstall stops every process.
+    // 7. helm uninstall stops every process.
     helm(
         &tools,
         &kubeconfig,
@@ -461,6 +1011,121 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
     .unwrap();
 
     drop(repo);
+    drop(store);
     emulator.shutdown().await;
+    hub.stop().await;
+}
+
+/// The chart's own store, run for real: its StatefulSet's pod is the test bed's etcd under
+/// the hostlet (the upstream image mapped to it), with the chart's flags, user, read-only
+/// root and probes. (Only the volume is an emptyDir: there is no volume provisioner here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_own_store_runs_etcd_with_its_flags_and_probes() {
+    kontinuum_e2e::testbed::install_crypto_provider();
+    let tools = Tools::locate().unwrap();
+    let dir = unique_dir("chart-store");
+    let hub = hub_with_hostlet(&tools, &dir, 97).await;
+    let client = hub.client();
+    let helm_home = dir.join("helm");
+    let started = Instant::now();
+    helm(
+        &tools,
+        hub.kubeconfig_path(),
+        &helm_home,
+        &[
+            "install",
+            RELEASE,
+            &chart_dir(),
+            "--namespace",
+            NS,
+            "--create-namespace",
+            // The store alone.
+            "--set",
+            "operatorDefaults.enabled=false",
+            "--set",
+            "store.persistence.enabled=false",
+            "--wait",
+            "--timeout",
+            "4m",
+        ],
+    )
+    .await;
+    eprintln!("helm install --wait of the store: {:?}", started.elapsed());
+    // Ready: etcd took every flag the chart gives it and passed its startup and readiness
+    // probes (/livez, /readyz on the metrics listener).
+    let member = format!("{RELEASE}-store-0");
+    let pod = Api::<Pod>::namespaced(client.clone(), NS)
+        .get(&member)
+        .await
+        .unwrap();
+    let status = pod.status.unwrap();
+    assert!(
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        "{member} is not Ready"
+    );
+    let ip = status.pod_ip.unwrap();
+    // The process is the test bed's etcd, as the chart's user.
+    let needle = format!("POD_NAME={member}");
+    let process = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            std::fs::read(e.path().join("environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
+        })
+        .expect("the store's process");
+    let exe = std::fs::read_link(process.path().join("exe")).unwrap();
+    assert_eq!(exe.file_name().unwrap(), "etcd", "{}", exe.display());
+    let proc_status = std::fs::read_to_string(process.path().join("status")).unwrap();
+    assert!(
+        proc_status
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("65532")),
+        "{proc_status}"
+    );
+    // A real client at the pod's client port: the member is named after its pod, with the
+    // peer URL of the headless Service's name; it stores and reads.
+    let connection = [format!("--endpoints=http://{ip}:2379")];
+    let connection: Vec<&str> = connection.iter().map(String::as_str).collect();
+    let members = chart::etcdctl(&tools, &connection, &["member", "list"])
+        .await
+        .unwrap();
+    let listed = String::from_utf8_lossy(&members.stdout);
+    assert!(
+        listed.contains(&format!(
+            "{member}, http://{member}.{RELEASE}-store-peers.{NS}.svc:2380"
+        )),
+        "{listed}{}",
+        String::from_utf8_lossy(&members.stderr)
+    );
+    let put = chart::etcdctl(&tools, &connection, &["put", "/kontinuum.sh/probe", "ok"])
+        .await
+        .unwrap();
+    assert!(put.status.success(), "{put:?}");
+    let get = chart::etcdctl(
+        &tools,
+        &connection,
+        &["get", "--print-value-only", "/kontinuum.sh/probe"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(String::from_utf8_lossy(&get.stdout).trim(), "ok");
+
+    helm(
+        &tools,
+        hub.kubeconfig_path(),
+        &helm_home,
+        &["uninstall", RELEASE, "--namespace", NS, "--wait"],
+    )
+    .await;
+    eventually(LIMIT, "the store's process stopped", || async {
+        Ok(!process.path().exists())
+    })
+    .await
+    .unwrap();
     hub.stop().await;
 }

@@ -57,6 +57,8 @@ operatorDefaults with the operator's own keys replacing them key by key (a plain
 rather than a merge, so that `false` and `0` override too), plus
   binary: the binary's name (kebab-case of the key), e.g. pool-claimer
   name:   the name of its objects, <fullname>-<binary>
+  traits: how it differs from the common shape (kontinuum.traits.<key>, see
+          _operators.tpl), with leaderElection and events defaulting to true
 Use: {{ $operators := include "kontinuum.operators" . | fromYaml }}
 */}}
 {{- define "kontinuum.operators" -}}
@@ -75,6 +77,16 @@ Use: {{ $operators := include "kontinuum.operators" . | fromYaml }}
 {{- $_ := set $op "binary" $binary -}}
 {{- $_ := set $op "name" (printf "%s-%s" $fullname $binary | trunc 63 | trimSuffix "-") -}}
 {{- $_ := set $op "leaseName" ($op.leaseName | default (printf "%s-%s" $fullname $binary | trunc 63 | trimSuffix "-")) -}}
+{{- $traits := include (printf "kontinuum.traits.%s" $key) (dict "root" $ "op" $op) | fromYaml -}}
+{{- if hasKey $traits "Error" -}}
+{{- fail (printf "kontinuum.traits.%s is not valid YAML: %s" $key $traits.Error) -}}
+{{- end -}}
+{{- range $trait := list "leaderElection" "events" -}}
+{{- if not (hasKey $traits $trait) -}}
+{{- $_ := set $traits $trait true -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $op "traits" $traits -}}
 {{- $_ := set $out $key $op -}}
 {{- end -}}
 {{- end -}}

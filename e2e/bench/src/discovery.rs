@@ -46,16 +46,7 @@ pub struct Args {
     timeout_seconds: u64,
 }
 
-/// CPU time (user + system) of a process, from `/proc/<pid>/stat`, assuming the usual
-/// 100 clock ticks per second.
-fn cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
-}
-
-fn operator_binary(name: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn operator_binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let path = exe
         .parent()
@@ -131,7 +122,7 @@ fn measure(operator: &Operator, wall: Duration, writes: usize) -> Phase {
         writes,
         rss_kib: memory.rss_kib,
         hwm_kib: memory.hwm_kib,
-        cpu: cpu_time(pid).unwrap_or_default(),
+        cpu: crate::procfs::cpu_time(pid).unwrap_or_default(),
     }
 }
 

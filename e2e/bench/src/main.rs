@@ -7,15 +7,24 @@
 //!   machines and to claim them across P pools, writes per object, RSS and CPU (issue 4).
 //! * `bootstrap`: TalosCluster creation to `Ready` through the operators, per step, against
 //!   the same steps driven directly by the client library (issue 5).
+//! * `etcd-proxy`: the Kontinuum store directly against relay + proxy (TLS, a token per
+//!   call): latency, throughput, CPU per call, cross-checked with `etcdctl check perf`
+//!   (issue 11, acceptance 7).
 //!
 //! Shared pieces for further scenarios (e.g. discovery/claim with the operators): the
-//! emulator as a child process ([`emulator`]), `/proc` memory ([`procfs`]), latency
-//! summaries ([`stats`]) and the report ([`report`]).
+//! emulator as a child process ([`emulator`]), any other long-running child ([`child`]),
+//! `/proc` memory and CPU time ([`procfs`]), `perf` profiles ([`perf_profile`]), a
+//! closed-loop etcd v3 load generator ([`etcd_load`]), latency summaries ([`stats`]) and
+//! the report ([`report`]).
 
 mod addons;
 mod bootstrap;
+mod child;
 mod discovery;
 mod emulator;
+mod etcd_load;
+mod etcd_proxy;
+mod perf_profile;
 mod procfs;
 mod report;
 mod stats;
@@ -44,6 +53,8 @@ enum Command {
     Addons(addons::Args),
     /// talos-bootstrapper: TalosCluster creation to Ready, per step, against the client floor.
     Bootstrap(bootstrap::Args),
+    /// etcd-proxy: the store directly against relay + proxy, put and range at 1 and 16 clients.
+    EtcdProxy(etcd_proxy::Args),
 }
 
 /// A progress line on stderr (the report goes to stdout).
@@ -60,6 +71,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Discovery(args) => discovery::run(args).await?,
         Command::Addons(args) => addons::run(args).await?,
         Command::Bootstrap(args) => bootstrap::run(args).await?,
+        Command::EtcdProxy(args) => etcd_proxy::run(args).await?,
     };
     let mut out = std::io::stdout().lock();
     write!(out, "{report}").context("writing to stdout")?;

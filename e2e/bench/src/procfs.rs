@@ -1,7 +1,11 @@
-//! Memory of a process and its descendants, read from `/proc` (Linux only).
+//! Memory and CPU time of processes, and the host's CPU, read from `/proc` (Linux only).
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::time::Duration;
+
+/// Clock ticks per second of `/proc` CPU times (`USER_HZ`, 100 on every Linux we run on).
+const TICKS_PER_SECOND: u64 = 100;
 
 /// Memory figures of one process (`/proc/<pid>/status`), in KiB.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -57,6 +61,67 @@ pub fn parse_status(status: &str) -> ProcMemory {
 pub fn parse_ppid(stat: &str) -> Option<u32> {
     let (_, rest) = stat.rsplit_once(')')?;
     rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// CPU time (user + system, all threads) of a process, from `/proc/<pid>/stat`; `None` if
+/// it is gone. Resolution: one clock tick (10 ms).
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    parse_cpu_time(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// `utime + stime` of a `/proc/<pid>/stat` line.
+pub fn parse_cpu_time(stat: &str) -> Option<Duration> {
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND))
+}
+
+/// The host's CPU counters (the `cpu` line of `/proc/stat`), in clock ticks summed over
+/// every CPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostCpu {
+    /// Every tick counted.
+    pub total: u64,
+    /// Ticks spent neither idle nor waiting for I/O.
+    pub busy: u64,
+}
+
+impl HostCpu {
+    /// Reads `/proc/stat` (all zero if it cannot be read).
+    pub fn read() -> Self {
+        std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| Self::parse(&s))
+            .unwrap_or_default()
+    }
+
+    /// The aggregate `cpu` line of a `/proc/stat` text.
+    pub fn parse(stat: &str) -> Option<Self> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let values: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|v| v.parse().ok())
+            .collect::<Option<_>>()?;
+        // user nice system idle iowait irq softirq steal [guest guest_nice, already in user]
+        let total: u64 = values.iter().take(8).sum();
+        let idle = values.get(3)? + values.get(4).copied().unwrap_or(0);
+        Some(Self {
+            total,
+            busy: total.saturating_sub(idle),
+        })
+    }
+
+    /// The busy share of the time between `earlier` and `self`, 0.0 to 1.0.
+    pub fn busy_since(self, earlier: Self) -> f64 {
+        let total = self.total.saturating_sub(earlier.total);
+        if total == 0 {
+            return 0.0;
+        }
+        #[allow(clippy::cast_precision_loss, reason = "tick counts far below 2^52")]
+        let share = self.busy.saturating_sub(earlier.busy) as f64 / total as f64;
+        share
+    }
 }
 
 /// `root` and every live descendant, root first, then breadth first.
@@ -151,6 +216,28 @@ mod tests {
         assert_eq!(parse_ppid("42 (a) b (c)) S 7 42 42 0"), Some(7));
         assert_eq!(parse_ppid("1 (init) S 0 1 1"), Some(0));
         assert_eq!(parse_ppid("garbage"), None);
+    }
+
+    #[test]
+    fn cpu_fields() {
+        let stat = "42 (etcd proxy) S 1 42 42 0 -1 4194304 100 0 0 0 250 37 0 0 20 0 9 0";
+        assert_eq!(parse_cpu_time(stat), Some(Duration::from_millis(2_870)));
+        assert_eq!(parse_cpu_time("nonsense"), None);
+        assert!(cpu_time(std::process::id()).is_some());
+        let host = HostCpu::parse("cpu  100 5 20 800 50 1 2 0 0 0\ncpu0 1 2 3 4\n").unwrap();
+        assert_eq!(
+            host,
+            HostCpu {
+                total: 978,
+                busy: 128
+            }
+        );
+        let later = HostCpu {
+            total: 1178,
+            busy: 278,
+        };
+        assert!((later.busy_since(host) - 0.75).abs() < 1e-9);
+        assert!(host.busy_since(host).abs() < f64::EPSILON);
     }
 
     #[test]

@@ -7,6 +7,11 @@ use std::net::Ipv4Addr;
 use kontinuum_talos_config::{
     ConfigError, DiskSelector, InstallDisk, MachineType, ParsedConfig, parse_machine_config,
 };
+use kontinuum_talos_validate::Contract;
+
+/// The Talos release line the emulator claims to run (`TALOS_TAG`): the contract configs are
+/// validated against (its Kubernetes range, the document kinds it knows).
+pub const CONTRACT: Contract = Contract::V1_13;
 
 /// The gRPC-level outcome of a refused call; the edge maps it to a `tonic::Status`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,14 +161,21 @@ pub struct KnownControlPlane {
     pub os_ca_pem: String,
 }
 
-/// Parses and checks a config as Talos' ApplyConfiguration would in maintenance mode, plus
-/// the emulator's cluster consistency check: a worker whose endpoint is a known control plane
-/// (or whose cluster id is known) must carry that cluster's id and CAs.
+/// Checks a config as Talos' ApplyConfiguration would in maintenance mode — first strictly,
+/// with the emulator's own decoder (`kontinuum-talos-validate`: unknown keys, wrong types,
+/// missing or invalid fields, as Talos' config loader and `Validate` refuse them), then
+/// extracts what the emulator needs with the generator's parser, then Talos'
+/// RuntimeValidate (the install disk must exist) — plus the emulator's cluster consistency
+/// check: a worker whose endpoint is a known control plane (or whose cluster id is known)
+/// must carry that cluster's id and CAs.
 pub fn validate_config(
     bytes: &[u8],
     facts: &Facts,
     control_planes: &[KnownControlPlane],
 ) -> Result<ParsedConfig, Refusal> {
+    kontinuum_talos_validate::validate(bytes, CONTRACT).map_err(|problems| {
+        Refusal::InvalidArgument(kontinuum_talos_validate::describe(&problems))
+    })?;
     let parsed = parse_machine_config(bytes).map_err(|e| Refusal::InvalidArgument(describe(&e)))?;
     check_install_disk(&parsed.install_disk, &facts.disk())?;
     if parsed.machine_type == MachineType::Worker {
@@ -437,75 +449,7 @@ impl Default for Core {
     }
 }
 
-/// YAML specs of the COSI resources a machine serves, in the shapes `talosctl get -o yaml`
-/// prints (LinkStatus/AddressStatus camelCase, DiskSpec snake_case).
-pub mod resources {
-    use super::Facts;
-
-    /// (id, yaml) of every LinkStatus: `lo` and `eth0`.
-    pub fn links(facts: &Facts) -> Vec<(String, String)> {
-        vec![
-            (
-                "eth0".to_owned(),
-                format!(
-                    "index: 2\ntype: ether\nlinkIndex: 0\nflags: UP,BROADCAST,RUNNING,MULTICAST,LOWER_UP\n\
-                     hardwareAddr: {mac}\npermanentAddr: {mac}\nbroadcastAddr: ff:ff:ff:ff:ff:ff\n\
-                     mtu: 1500\nqueueDisc: pfifo_fast\noperationalState: up\nkind: \"\"\n\
-                     slaveKind: \"\"\nbusPath: \"0000:00:03.0\"\ndriver: virtio_net\n\
-                     linkState: true\nspeedMbit: 1000\nport: Other\nduplex: Full\n",
-                    mac = facts.mac()
-                ),
-            ),
-            (
-                "lo".to_owned(),
-                "index: 1\ntype: loopback\nlinkIndex: 0\nflags: UP,LOOPBACK,RUNNING\n\
-                 hardwareAddr: 00:00:00:00:00:00\nbroadcastAddr: 00:00:00:00:00:00\n\
-                 mtu: 65536\nqueueDisc: noqueue\noperationalState: unknown\nkind: \"\"\n\
-                 slaveKind: \"\"\nlinkState: true\n"
-                    .to_owned(),
-            ),
-        ]
-    }
-
-    /// (id, yaml) of every AddressStatus: the machine's CIDR on `eth0`, loopback on `lo`.
-    pub fn addresses(facts: &Facts) -> Vec<(String, String)> {
-        let entry = |link: &str, cidr: &str, index: u32, scope: &str| {
-            let ip = cidr.split('/').next().unwrap_or(cidr);
-            (
-                format!("{link}/{cidr}"),
-                format!(
-                    "address: {cidr}\nlocal: {ip}\nlinkIndex: {index}\nlinkName: {link}\n\
-                     family: inet4\nscope: {scope}\nflags: permanent\npriority: 1024\n"
-                ),
-            )
-        };
-        vec![
-            entry("eth0", &facts.cidr(), 2, "global"),
-            entry("lo", "127.0.0.1/8", 1, "host"),
-        ]
-    }
-
-    /// (id, yaml) of every Disk.
-    pub fn disks(facts: &Facts) -> Vec<(String, String)> {
-        let d = facts.disk();
-        let pretty = format!("{} GB", d.size / 1_000_000_000);
-        vec![(
-            d.name.clone(),
-            format!(
-                "size: {size}\nio_size: 512\nsector_size: 512\nreadonly: false\ncdrom: false\n\
-                 model: {model}\nserial: {serial}\nmodalias: scsi:t-0x00\n\
-                 bus_path: /pci0000:00/0000:00:05.0/virtio3/host0/target0:0:0/0:0:0:0\n\
-                 sub_system: /sys/class/block\ntransport: scsi\nrotational: false\n\
-                 dev_path: {dev}\npretty_size: {pretty}\nsecondary_disks: []\n\
-                 symlinks:\n  - /dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_{serial}\n",
-                size = d.size,
-                model = d.model,
-                serial = d.serial,
-                dev = d.dev_path,
-            ),
-        )]
-    }
-}
+pub mod resources;
 
 #[cfg(test)]
 mod tests;

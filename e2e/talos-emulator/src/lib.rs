@@ -2,8 +2,11 @@
 //! protocol on consecutive loopback addresses.
 //!
 //! * Maintenance mode: self-signed Ed25519 TLS (ALPN h2, no client certificate), Version,
-//!   COSI links/addresses/disks, ApplyConfiguration (validated with
-//!   `kontinuum_talos_config::parse_machine_config`).
+//!   COSI links/addresses/disks (`proto_spec` and `yaml_spec` filled, as Talos does),
+//!   ApplyConfiguration: decoded and validated strictly as Talos v1.13 does
+//!   (`kontinuum_talos_validate`: unknown keys, wrong types, missing or invalid fields →
+//!   `InvalidArgument` with a Talos-shaped message, counted, nothing applied), then read with
+//!   `kontinuum_talos_config::parse_machine_config` for what the emulator needs.
 //! * Configured mode: mTLS against the OS CA of the applied config (`os:admin`, EKU exactly
 //!   clientAuth); Bootstrap starts a REAL control plane from the test bed on the machine's
 //!   address; Kubeconfig, HealthCheck, Reset; workers join the cluster of the same id.
@@ -256,6 +259,15 @@ impl Emulator {
     pub fn apply_calls(&self, address: Ipv4Addr) -> Option<u32> {
         find(&self.shared, &address.to_string())
             .map(|m| m.apply_calls.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// ApplyConfiguration calls the machine at `address` refused as invalid
+    /// (`InvalidArgument`, nothing applied), or `None` for an unknown address.
+    pub fn rejected_configs(&self, address: Ipv4Addr) -> Option<u32> {
+        find(&self.shared, &address.to_string()).map(|m| {
+            m.rejected_configs
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
     }
 
     /// Injects a fault into the machine at `address` (IP).

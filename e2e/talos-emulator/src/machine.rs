@@ -247,6 +247,8 @@ pub struct Machine {
     /// ApplyConfiguration RPCs that reached the machine (admitted or not, valid or not),
     /// for tests.
     pub(crate) apply_calls: std::sync::atomic::AtomicU32,
+    /// Configs refused as invalid (`InvalidArgument`: nothing applied), for tests.
+    pub(crate) rejected_configs: std::sync::atomic::AtomicU32,
 }
 
 /// Written at Bootstrap, removed by a wipe: etcd has data, and the API server's port, so a
@@ -354,6 +356,7 @@ impl Machine {
             shared,
             bootstrap_calls: std::sync::atomic::AtomicU32::new(0),
             apply_calls: std::sync::atomic::AtomicU32::new(0),
+            rejected_configs: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -464,8 +467,17 @@ impl Machine {
     /// running cluster joins it.
     pub(crate) fn apply(&self, bytes: &[u8]) -> Result<(), tonic::Status> {
         let shared = self.shared().ok_or_else(stopping)?;
-        let parsed = core::validate_config(bytes, &self.facts, &shared.control_planes())
-            .map_err(Refusal::into_status)?;
+        let parsed = match core::validate_config(bytes, &self.facts, &shared.control_planes()) {
+            Ok(parsed) => parsed,
+            Err(refusal) => {
+                self.rejected_configs.fetch_add(1, Ordering::Relaxed);
+                if let Refusal::InvalidArgument(why) = &refusal {
+                    // Problems name fields and lines, never values: safe to log.
+                    tracing::warn!(instance = %self.facts.address, reason = "InvalidConfig", problems = %why, "refused a machine config");
+                }
+                return Err(refusal.into_status());
+            }
+        };
         let worker = !parsed.machine_type.is_control_plane();
         let cluster_id = parsed.cluster_id.clone();
         {

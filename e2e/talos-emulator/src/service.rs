@@ -334,20 +334,21 @@ async fn check_once(
     out
 }
 
-fn resource(namespace: &str, ty: &str, id: String, yaml: String) -> Resource {
+/// A COSI resource as Talos serves it: both `proto_spec` and `yaml_spec` filled.
+fn resource(namespace: &str, ty: &str, spec: resources::CosiSpec) -> Resource {
     Resource {
         metadata: Some(Metadata {
             namespace: namespace.to_owned(),
             r#type: ty.to_owned(),
-            id,
+            id: spec.id,
             version: "1".to_owned(),
             owner: String::new(),
             phase: "running".to_owned(),
             ..Default::default()
         }),
         spec: Some(Spec {
-            proto_spec: Vec::new(),
-            yaml_spec: yaml,
+            proto_spec: spec.proto,
+            yaml_spec: spec.yaml,
         }),
     }
 }
@@ -374,7 +375,7 @@ impl Api {
         };
         Ok(specs
             .into_iter()
-            .map(|(id, yaml)| resource(namespace, ty, id, yaml))
+            .map(|spec| resource(namespace, ty, spec))
             .collect())
     }
 }

@@ -88,16 +88,16 @@ fn facts_are_deterministic() {
 #[test]
 fn resources_parse_with_the_client_discovery() {
     use kontinuum_proto::talos::cosi::resource::{Metadata, Resource, Spec};
-    let wrap = |(id, yaml): (String, String)| Resource {
+    let wrap = |spec: resources::CosiSpec| Resource {
         metadata: Some(Metadata {
-            id,
+            id: spec.id,
             version: "1".into(),
             phase: "running".into(),
             ..Default::default()
         }),
         spec: Some(Spec {
-            proto_spec: vec![],
-            yaml_spec: yaml,
+            proto_spec: spec.proto,
+            yaml_spec: spec.yaml,
         }),
     };
     let f = facts();
@@ -118,10 +118,70 @@ fn resources_parse_with_the_client_discovery() {
     assert_eq!(disks[0].model.as_deref(), Some("QEMU HARDDISK"));
 }
 
+/// `proto_spec` decodes (as Talos' typed clients decode it) to what `yaml_spec` says.
+#[test]
+fn resources_fill_proto_spec_consistently_with_yaml_spec() {
+    use prost::Message as _;
+    use resources::{AddressStatusSpec, DiskSpec, LinkStatusSpec};
+    let f = facts();
+    let links = resources::links(&f);
+    let eth0 = LinkStatusSpec::decode(links[0].proto.as_slice()).unwrap();
+    assert_eq!(links[0].id, "eth0");
+    assert_eq!(eth0.index, 2);
+    assert_eq!(eth0.r#type, 1, "ARPHRD_ETHER");
+    assert_eq!(eth0.hardware_addr, vec![0x52, 0x54, 0x00, 0x00, 0x00, 0x03]);
+    assert_eq!(eth0.permanent_addr, eth0.hardware_addr);
+    assert_eq!(eth0.broadcast_addr, vec![0xff; 6]);
+    assert_eq!(
+        eth0.flags,
+        0x1 | 0x2 | 0x40 | 0x1000 | 0x1_0000,
+        "UP,BROADCAST,RUNNING,MULTICAST,LOWER_UP"
+    );
+    assert_eq!(
+        (eth0.mtu, eth0.operational_state, eth0.speed_megabits),
+        (1500, 6, 1000)
+    );
+    assert_eq!((eth0.port, eth0.duplex), (255, 1), "Other, Full");
+    assert_eq!(eth0.driver, "virtio_net");
+    assert!(links[0].yaml.contains("hardwareAddr: 52:54:00:00:00:03\n"));
+    let lo = LinkStatusSpec::decode(links[1].proto.as_slice()).unwrap();
+    assert_eq!(
+        (lo.index, lo.r#type, lo.flags, lo.mtu),
+        (1, 772, 0x1 | 0x8 | 0x40, 65536)
+    );
+
+    let addresses = resources::addresses(&f);
+    let a = AddressStatusSpec::decode(addresses[0].proto.as_slice()).unwrap();
+    assert_eq!(addresses[0].id, "eth0/127.63.0.3/24");
+    let prefix = a.address.unwrap();
+    assert_eq!((prefix.ip, prefix.prefix_length), (vec![127, 63, 0, 3], 24));
+    assert_eq!(a.local.unwrap().ip, vec![127, 63, 0, 3]);
+    assert_eq!((a.link_index, a.link_name.as_str()), (2, "eth0"));
+    assert_eq!((a.family, a.scope, a.flags, a.priority), (2, 0, 0x80, 1024));
+    let lo = AddressStatusSpec::decode(addresses[1].proto.as_slice()).unwrap();
+    assert_eq!((lo.scope, lo.link_name.as_str()), (254, "lo"));
+    assert!(addresses[1].yaml.contains("scope: host\n"));
+
+    let disks = resources::disks(&f);
+    let d = DiskSpec::decode(disks[0].proto.as_slice()).unwrap();
+    assert_eq!((d.dev_path.as_str(), d.size), ("/dev/sda", DISK_SIZE));
+    assert_eq!(
+        (d.model.as_str(), d.serial.as_str()),
+        ("QEMU HARDDISK", "EMU000003")
+    );
+    assert_eq!(d.symlinks.len(), 1);
+    assert!(disks[0].yaml.contains(&format!("size: {DISK_SIZE}\n")));
+    assert!(
+        disks[0]
+            .yaml
+            .contains(&format!("pretty_size: {}\n", d.pretty_size))
+    );
+}
+
 #[test]
 fn bad_configs_are_invalid_arguments() {
     let f = facts();
-    assert!(invalid(validate_config(b"", &f, &[])).contains("empty"));
+    assert!(invalid(validate_config(b"", &f, &[])).contains("v1alpha1 document is required"));
     invalid(validate_config(b"\x00\xff garbage: [", &f, &[]));
     invalid(validate_config(b"just: a map\n", &f, &[]));
     let big = vec![b'#'; 1024 * 1024 + 1];
@@ -137,6 +197,49 @@ fn bad_configs_are_invalid_arguments() {
     let other_disk = good.replace("disk: /dev/sda", "disk: /dev/nvme9n1");
     assert!(invalid(validate_config(other_disk.as_bytes(), &f, &[])).contains("no disks"));
     assert!(validate_config(good.as_bytes(), &f, &[]).is_ok());
+}
+
+/// What only the strict decoder catches (the generator's parser ignores unknown keys).
+#[test]
+fn configs_are_decoded_strictly_like_talos() {
+    let f = facts();
+    let good = String::from_utf8(config(0, MachineType::ControlPlane, "cp", "127.63.0.3")).unwrap();
+    let misspelled = good.replace(
+        "allowSchedulingOnControlPlanes: true",
+        "allowSchedulingOnControlPlane: true",
+    );
+    assert!(kontinuum_talos_config::parse_machine_config(misspelled.as_bytes()).is_ok());
+    let message = invalid(validate_config(misspelled.as_bytes(), &f, &[]));
+    assert!(
+        message.starts_with("failed to parse config: error decoding document /v1alpha1/"),
+        "{message}"
+    );
+    assert!(
+        message
+            .contains(".cluster.allowSchedulingOnControlPlane: unknown keys found during decoding"),
+        "{message}"
+    );
+    let wrong_type = good.replace("persist: true", "persist: \"true\"");
+    assert!(
+        invalid(validate_config(wrong_type.as_bytes(), &f, &[]))
+            .contains("cannot unmarshal !!str into bool")
+    );
+    let bad_cni = good.replace("name: none", "name: cilium");
+    let message = invalid(validate_config(bad_cni.as_bytes(), &f, &[]));
+    assert!(
+        message.starts_with("configuration validation failed: 1 error occurred:"),
+        "{message}"
+    );
+    // The emulator runs Talos v1.13: Kubernetes 1.37 is too new for it.
+    let too_new = good.replace(":v1.36.2", ":v1.37.0");
+    assert!(
+        invalid(validate_config(too_new.as_bytes(), &f, &[]))
+            .contains("too new to be used with Talos v1.13")
+    );
+    assert_eq!(
+        kontinuum_talos_validate::Contract::from_version(crate::TALOS_TAG),
+        Ok(CONTRACT)
+    );
 }
 
 #[test]
