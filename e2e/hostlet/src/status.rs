@@ -202,7 +202,13 @@ pub fn status_json(view: &PodView<'_>, transitions: &mut Transitions, now: Times
             "lastTransitionTime": entry.1.to_string(),
             "lastProbeTime": null,
         });
-        if !ok {
+        // The status is written with a strategic merge patch, which merges conditions by
+        // type: a True condition must delete the reason and message of its False past
+        // (null deletes a key), or "containers with unready status" would outlive the fix.
+        if ok {
+            c["reason"] = Value::Null;
+            c["message"] = Value::Null;
+        } else {
             c["reason"] = reason.into();
             c["message"] = message.into();
         }
@@ -441,6 +447,11 @@ mod tests {
         let s = status_json(&view("Always", &[], &cs), &mut tr, t1);
         assert_eq!(cond(&s, "Ready")["status"], "True");
         assert_eq!(cond(&s, "Ready")["lastTransitionTime"], t1.to_string());
+        // Explicit nulls: the strategic merge patch deletes the False past's reason and
+        // message instead of keeping them beside `status: True`.
+        let ready = cond(&s, "Ready");
+        assert_eq!(ready.get("message"), Some(&Value::Null));
+        assert_eq!(ready.get("reason"), Some(&Value::Null));
         assert_eq!(
             cond(&s, "Initialized")["lastTransitionTime"],
             t0.to_string()

@@ -207,6 +207,12 @@ async fn a_deployment_runs_a_real_process_with_env_volumes_and_identity() {
         .unwrap();
     assert!(running(&pod) && condition(&pod, "Ready") && condition(&pod, "ContainersReady"));
     let status = pod.status.clone().unwrap();
+    // The pod was not Ready before it was; its True conditions keep nothing of that past.
+    for c in status.conditions.iter().flatten() {
+        if c.status == "True" {
+            assert_eq!((&c.reason, &c.message), (&None, &None), "{c:?}");
+        }
+    }
     let pod_ip: std::net::Ipv4Addr = status.pod_ip.clone().unwrap().parse().unwrap();
     assert_eq!(
         status.host_ip.as_deref(),
