@@ -94,6 +94,31 @@ pub fn new(
     }
 }
 
+/// The conditions of an object whose cleanup is under way: `Deleting=True` with `reason`
+/// and `message`, and `Ready=False/Deleting` repeating the message (see [`ready`]).
+pub fn set_deleting<G: AsRef<str>>(
+    conditions: &mut Vec<Condition>,
+    gates: &[G],
+    reason: impl AsRef<str>,
+    message: impl Into<String>,
+    observed_generation: Option<i64>,
+    now: &Time,
+) {
+    set(
+        conditions,
+        new(
+            DELETING,
+            ConditionStatus::True,
+            reason,
+            message,
+            observed_generation,
+        ),
+        now,
+    );
+    let ready = ready(conditions, gates, true, observed_generation);
+    set(conditions, ready, now);
+}
+
 /// Merges `condition` into `conditions`, replacing the entry of the same type.
 ///
 /// `lastTransitionTime` becomes `now` when the condition is new or its status changed, and

@@ -33,7 +33,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kontinuum_crds::conditions::{self, ConditionStatus};
 use kontinuum_crds::reasons::{AddonCondition as Cond, AddonReason as Reason};
 use kontinuum_crds::v1alpha2::{
@@ -170,28 +170,7 @@ impl Args {
     }
 }
 
-/// Parses `250ms`, `15s`, `5m`, `1h` or a plain number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 15s, 5m or 1h"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "" | "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(format!("{text:?} has an unknown unit (use ms, s, m or h)")),
-    };
-    if d.is_zero() {
-        return Err("a duration must be positive".into());
-    }
-    Ok(d)
-}
+pub use kontinuum_operator_common::args::parse_duration;
 
 /// A rendering of a chart, cached by desired-state hash.
 #[derive(Debug)]
@@ -1049,29 +1028,21 @@ async fn disable(addon: &Addon, ctx: &Ctx, access: &Access) -> Result<Action, Er
 /// Pure: the status while the release is uninstalled: `Deleting=True` with `reason` and
 /// `message`, `Ready=False/Deleting` repeating the message.
 pub fn deleting_status(addon: &Addon, reason: Reason, message: String, now: &Time) -> AddonStatus {
-    let generation = addon.metadata.generation;
     let mut status = addon.status.clone().unwrap_or_default();
-    conditions::set(
+    conditions::set_deleting(
         &mut status.conditions,
-        conditions::new(
-            Cond::Deleting,
-            ConditionStatus::True,
-            reason,
-            message,
-            generation,
-        ),
+        Cond::READY_GATES,
+        reason,
+        message,
+        addon.metadata.generation,
         now,
     );
-    let ready = conditions::ready(&status.conditions, Cond::READY_GATES, true, generation);
-    conditions::set(&mut status.conditions, ready, now);
     status
 }
 
 /// The time by which uninstalling gives up: `deletionTimestamp + uninstall_deadline`.
 pub fn uninstall_deadline(addon: &Addon, deadline: Duration) -> Option<Timestamp> {
-    let deleted = addon.metadata.deletion_timestamp.as_ref()?.0;
-    let span = SignedDuration::try_from(deadline).ok()?;
-    deleted.checked_add(span).ok()
+    kontinuum_operator_common::finalizer::deadline(addon, deadline)
 }
 
 async fn cleanup(addon: &Addon, ctx: &Ctx) -> Result<Action, Error> {

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -131,6 +132,30 @@ impl CommonArgs {
                 .map_or_else(|_| "unknown".to_string(), |h| h.trim().to_string())
         })
     }
+}
+
+/// Parses a duration flag of the operators: `250ms`, `15s`, `5m`, `1h` or a plain number of
+/// seconds; zero is refused.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 15s, 5m or 1h"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "" | "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => return Err(format!("{text:?} has an unknown unit (use ms, s, m or h)")),
+    };
+    if d.is_zero() {
+        return Err("a duration must be positive".into());
+    }
+    Ok(d)
 }
 
 #[cfg(test)]

@@ -4,9 +4,21 @@
 //! returning an error. These write only the finalizer list, with a merge patch guarded by
 //! the object's resourceVersion (a concurrent change is a 409, retried by the caller).
 
+use std::time::Duration;
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+
+/// When a cleanup that waits gives up: `deletionTimestamp + timeout` (`None` while the
+/// object is not being deleted, or when the sum does not fit).
+pub fn deadline<K: Resource>(object: &K, timeout: Duration) -> Option<Timestamp> {
+    let deleted = object.meta().deletion_timestamp.as_ref()?.0;
+    deleted
+        .checked_add(SignedDuration::try_from(timeout).ok()?)
+        .ok()
+}
 
 /// Whether `object` carries `finalizer`.
 pub fn has<K: ResourceExt>(object: &K, finalizer: &str) -> bool {

@@ -35,15 +35,3 @@ pub const CONTROLLER: &str = "registry";
 
 /// This build's version, published in every `Kontinuum` it writes.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// An error and all its sources, on one line.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}

@@ -173,7 +173,10 @@ pub fn review(request: ConversionRequest) -> (ConversionReview, bool, u64) {
         match convert_object(object, &desired) {
             Ok(o) => converted.push(o),
             Err(err) => {
-                let message = format!("object {i}: {}", crate::error_chain(&err));
+                let message = format!(
+                    "object {i}: {}",
+                    kontinuum_operator_common::error::chain(&err)
+                );
                 return (
                     response
                         .failure(Status::failure(&message, "ConversionFailed"))
