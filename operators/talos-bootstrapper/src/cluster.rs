@@ -78,6 +78,9 @@ const MEMBER_CONDITIONS: [ICond; 3] = [ICond::Configured, ICond::Joined, ICond::
 #[instrument(skip_all, fields(controller = crate::CONTROLLER, cluster = %cluster.name_any()))]
 pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer();
+    if !ctx.stores_ready().await {
+        return Ok(Action::requeue(ctx.settings.retry));
+    }
     let ns = cluster.namespace().unwrap_or_default();
     let api: Api<TalosCluster> = Api::namespaced(ctx.client.clone(), &ns);
     let name = cluster.name_any();

@@ -89,6 +89,22 @@ pub struct Ctx {
     pub last_healthy: std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>,
 }
 
+impl Ctx {
+    /// Whether every store has had its first full list (waiting at most 30 s). Decisions
+    /// read the stores: a process restarted during a teardown that had not yet seen the
+    /// cluster's Instances would find no member to reset and finish at once, leaving the
+    /// machines configured.
+    pub async fn stores_ready(&self) -> bool {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            self.instances.wait_until_ready().await.is_ok()
+                && self.addons.wait_until_ready().await.is_ok()
+                && self.clusters.wait_until_ready().await.is_ok()
+        })
+        .await
+        .unwrap_or(false)
+    }
+}
+
 /// What can go wrong in a reconcile.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

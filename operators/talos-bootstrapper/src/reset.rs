@@ -69,6 +69,9 @@ pub fn cluster_of(
 )]
 #[instrument(skip_all, fields(controller = "instance-reset", instance = %instance.name_any()))]
 pub async fn reconcile(instance: Arc<Instance>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    if !ctx.stores_ready().await {
+        return Ok(Action::requeue(ctx.settings.retry));
+    }
     let ns = instance.namespace().unwrap_or_default();
     let name = instance.name_any();
     let api: Api<Instance> = Api::namespaced(ctx.client.clone(), &ns);
