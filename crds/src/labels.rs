@@ -20,6 +20,19 @@ pub const HOSTNAME: &str = "kontinuum.sh/hostname";
 /// `IdentityChanged`), the new identity the user accepts; instance-discovery then records
 /// it and treats the machine as discovered again.
 pub const ACCEPT_IDENTITY: &str = "kontinuum.sh/accept-identity";
+/// Annotation: on a Zone, requests a rotation of the zone's identity when set to a value
+/// other than the one last handled (`status.identityRotation`); after deleting the hub's
+/// identity Secret (a revocation), it also re-admits the zone with a new identity.
+pub const ROTATE_IDENTITY: &str = "kontinuum.sh/rotate-identity";
+
+/// Annotation: on the zone agent's pod template, the SHA-256 thumbprint of its identity
+/// certificate, so that a rotation restarts the agent exactly once.
+pub const IDENTITY_THUMBPRINT: &str = "kontinuum.sh/identity-thumbprint";
+
+/// Annotation: on a hub identity Secret during a rotation's overlap window, the instant
+/// (RFC 3339) after which its older certificate is dropped.
+pub const IDENTITY_OVERLAP_UNTIL: &str = "kontinuum.sh/identity-overlap-until";
+
 /// Label: the name of the application (`kontinuum` on the zone agent's objects).
 pub const APP_NAME: &str = "app.kubernetes.io/name";
 

@@ -112,6 +112,9 @@ vocabulary! {
         /// `ClusterReady=False`: creating the objects `spec.seed` describes (TalosCluster,
         /// InstancePool, seed Instances) failed.
         FanOutFailed,
+        /// `ClusterReady=False`: an Instance with a seed address is claimed by another
+        /// InstancePool; the message names it. It is never taken over.
+        SeedInstanceClaimed,
         /// `Installed=False`: the cluster's kubeconfig is not available yet.
         DownstreamNotReady,
         /// `Installed=False`: the zone's identity or store DSN could not be issued, e.g. the
@@ -123,6 +126,17 @@ vocabulary! {
         InstallFailed,
         /// `Installed=False`: waiting for cert-manager to issue the zone's certificate.
         WaitingForCertificate,
+        /// `Installed=False`: the GatewayClass the zone's Gateway names does not exist in the
+        /// zone cluster, so the zone endpoint is not exposed.
+        GatewayClassNotFound,
+        /// `Installed=False`: the hub's identity Secret of the zone was deleted, which
+        /// revokes the zone; it is not re-issued until a rotation is requested with the
+        /// `kontinuum.sh/rotate-identity` annotation.
+        IdentityRevoked,
+        /// `Installed=False`: the hub has no auth mode to mirror into the zone (neither
+        /// `KONTINUUM_OIDC_ISSUER_URL` nor `KONTINUUM_INSECURE_ALLOW_ANONYMOUS=true`), and a
+        /// zone agent refuses to start without one.
+        NoAuthMode,
         /// `Installed=True`: the zone agent is installed (and served at its host name when
         /// `spec.domain` is set).
         Installed,

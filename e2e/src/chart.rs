@@ -22,23 +22,25 @@ use crate::testbed::Tools;
 pub const COMPONENT: &str = "app.kubernetes.io/component";
 
 /// The binaries the chart deploys, in the order of their values keys.
-pub const OPERATORS: [&str; 6] = [
+pub const OPERATORS: [&str; 7] = [
     "addon-installer",
     "etcd-proxy",
     "instance-discovery",
     "pool-claimer",
     "registry",
     "talos-bootstrapper",
+    "zone-installer",
 ];
 
 /// The operators whose rules apply in the watched namespace(s) (a ClusterRole, or a Role in
 /// `watchNamespace`); etcd-proxy's are confined to the identity namespace and the
 /// registry's to the release namespace.
-pub const WATCHING_OPERATORS: [&str; 4] = [
+pub const WATCHING_OPERATORS: [&str; 5] = [
     "addon-installer",
     "instance-discovery",
     "pool-claimer",
     "talos-bootstrapper",
+    "zone-installer",
 ];
 
 /// The store's component label (`app.kubernetes.io/component`).

@@ -1106,6 +1106,62 @@ fn serving_certificates_are_generated_or_issued_by_cert_manager() {
     }
 }
 
+/// The zone-installer mirrors CAs into zones: it gets the etcd proxy's CA (never the proxy's
+/// key) and, with `auth.oidc.caSecret`, a private issuer's CA, each as a file its variable
+/// names; nothing of either when absent.
+#[test]
+fn the_zone_installer_is_given_only_the_cas_it_mirrors() {
+    let only_ca = |volume: &Value| {
+        assert_eq!(
+            volume["secret"]["items"],
+            json!([{ "key": "ca.crt", "path": "ca.crt" }]),
+            "{volume}"
+        );
+    };
+    let docs = render(&[]);
+    let zi = deployment(&docs, "zone-installer");
+    let env = environment(&docs, zi);
+    assert_eq!(
+        env.get("KONTINUUM_PROXY_CA_FILE").map(String::as_str),
+        Some("/etc/kontinuum/proxy-ca/ca.crt")
+    );
+    let proxy = mounted(zi, "/etc/kontinuum/proxy-ca");
+    assert_eq!(
+        proxy["secret"]["secretName"],
+        mounted(deployment(&docs, "etcd-proxy"), "/etc/kontinuum/tls")["secret"]["secretName"],
+        "the Secret etcd-proxy serves with"
+    );
+    only_ca(proxy);
+    assert!(!env.contains_key("KONTINUUM_OIDC_CA_FILE"));
+
+    let docs = render(&[
+        ("auth.oidc.issuerUrl", "https://id.example.com"),
+        ("auth.oidc.adminGroups[0]", "admins"),
+        ("auth.oidc.caSecret", "issuer-ca"),
+    ]);
+    let zi = deployment(&docs, "zone-installer");
+    assert_eq!(
+        environment(&docs, zi)
+            .get("KONTINUUM_OIDC_CA_FILE")
+            .map(String::as_str),
+        Some("/etc/kontinuum/oidc-ca/ca.crt")
+    );
+    let oidc = mounted(zi, "/etc/kontinuum/oidc-ca");
+    assert_eq!(oidc["secret"]["secretName"], "issuer-ca");
+    only_ca(oidc);
+
+    let docs = render(&[("operators.etcdProxy.enabled", "false")]);
+    let zi = deployment(&docs, "zone-installer");
+    assert!(!environment(&docs, zi).contains_key("KONTINUUM_PROXY_CA_FILE"));
+    assert!(
+        zi["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["name"] != "proxy-ca")
+    );
+}
+
 #[test]
 fn a_disruption_budget_only_above_one_replica() {
     assert!(of_kind(&render(&[]), "PodDisruptionBudget").is_empty());
@@ -1636,6 +1692,9 @@ fn the_image_builds_every_operator_binary() {
         if !manifest.starts_with(&operators_dir) {
             continue; // test-bed tools, the emulator, benchmarks, crdgen, ...
         }
+        if package["name"] == "kubectl-kontinuum" {
+            continue; // the plugin runs on users' machines, not in the hub
+        }
         for target in package["targets"].as_array().unwrap() {
             if target["kind"]
                 .as_array()
@@ -1742,15 +1801,24 @@ async fn helm_install_is_accepted_by_the_api_server() {
         .map(|op| format!("{release}-kontinuum-{op}"))
         .collect();
     assert_eq!(names, expected);
-    for d in list.items {
-        let status = d.status.unwrap_or_default();
-        assert_eq!(
-            status.ready_replicas,
-            Some(2),
-            "{}",
-            d.metadata.name.unwrap_or_default()
-        );
-    }
+    // `helm --wait` accepts a RollingUpdate Deployment once `replicas - maxUnavailable` pods
+    // are ready, so the second replica of one may still be starting: wait for both.
+    eventually(
+        Duration::from_secs(60),
+        "two ready replicas of every operator",
+        || {
+            let deployments = deployments.clone();
+            async move {
+                let list = deployments.list(&ListParams::default()).await?;
+                Ok(list
+                    .items
+                    .iter()
+                    .all(|d| d.status.as_ref().and_then(|s| s.ready_replicas) == Some(2)))
+            }
+        },
+    )
+    .await
+    .unwrap();
     assert!(stdout.contains("Store: StatefulSet"), "NOTES: {stdout}");
     let store = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), &ns)
         .get(&format!("{release}-kontinuum-store"))

@@ -34,7 +34,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kontinuum_crds::{v1alpha1, v1alpha2};
 use kontinuum_e2e::addons::ChartRepo;
 use kontinuum_e2e::bootstrapper::{create_cluster, create_instance, wait_cluster};
-use kontinuum_e2e::chart::{self, Store};
+use kontinuum_e2e::chart::{self, OPERATORS, Store};
 use kontinuum_e2e::testbed::{ControlPlane, ControlPlaneConfig, HostletConfig, Tools, unique_dir};
 use kontinuum_e2e::{
     audit_writes, eventually, install_kontinuum_crds, service_account_user, workspace_binary,
@@ -49,21 +49,16 @@ const NS: &str = "kontinuum-system";
 /// The hostlet node's address (`hub_with_hostlet(.., 98)`): a pod on the node's network has
 /// it.
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(127, 98, 0, 2);
-const OPERATORS: [&str; 6] = [
-    "instance-discovery",
-    "pool-claimer",
-    "talos-bootstrapper",
-    "addon-installer",
-    "etcd-proxy",
-    "registry",
-];
+/// The hub's API server address (`hub_with_hostlet(.., 98)`), which its pods are given.
+const HUB_IP: Ipv4Addr = Ipv4Addr::new(127, 98, 0, 1);
 /// The operators that hold a Lease (etcd-proxy has none: every replica serves).
-const LEADER_ELECTED: [&str; 5] = [
+const LEADER_ELECTED: [&str; 6] = [
     "instance-discovery",
     "pool-claimer",
     "talos-bootstrapper",
     "addon-installer",
     "registry",
+    "zone-installer",
 ];
 /// What zones dial (`server.grpcEndpoint`): the proxy's certificate must name it.
 const GRPC_HOST: &str = "proxy.hub.test";
@@ -155,6 +150,9 @@ fn chart_dir() -> String {
 /// sets `POD_NAMESPACE` from the downward API), with the binary each runs.
 fn pod_processes(namespace: &str) -> BTreeMap<u32, String> {
     let needle = format!("POD_NAMESPACE={namespace}");
+    // Only this hub's pods: a zone cluster's agent (of another test, its pods live in
+    // kontinuum-system too) is given another API server.
+    let hub = format!("KUBERNETES_SERVICE_HOST={HUB_IP}");
     let mut found = BTreeMap::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -163,17 +161,16 @@ fn pod_processes(namespace: &str) -> BTreeMap<u32, String> {
         let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
             continue;
         };
-        if environ.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
-            let exe = std::fs::read_link(entry.path().join("exe"))
-                .map(|p| {
-                    // A binary rebuilt while it runs reads "<name> (deleted)".
-                    p.file_name()
-                        .unwrap_or_default()
-                        .to_string_lossy()
-                        .trim_end_matches(" (deleted)")
-                        .to_owned()
-                })
-                .unwrap_or_default();
+        let mut vars = environ.split(|b| *b == 0);
+        if vars.clone().any(|kv| kv == needle.as_bytes()) && vars.any(|kv| kv == hub.as_bytes()) {
+            let link = std::fs::read_link(entry.path().join("exe")).unwrap_or_default();
+            // A binary rebuilt while it runs reads "<name> (deleted)".
+            let exe = link
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .trim_end_matches(" (deleted)")
+                .to_owned();
             found.insert(pid, exe);
         }
     }

@@ -387,3 +387,128 @@ certificate:
   dnsNames: {{ toJson $dns }}
   ipAddresses: {{ toJson $ips }}
 {{- end -}}
+
+{{- /* ---------------------------------------------------------------------------------
+zone-installer: Zones to joined zones, and back.
+--------------------------------------------------------------------------------- */ -}}
+
+{{- define "kontinuum.rules.zoneInstaller" -}}
+# Zones: watched; `patch` adds and removes the finalizer kontinuum.sh/zone-teardown (the
+# zone cluster's footprint is outside the garbage collector's reach).
+- apiGroups: ["kontinuum.sh"]
+  resources: ["zones"]
+  verbs: ["get", "list", "watch", "patch"]
+# The Zone's status (ClusterReady/Installed/RegistryJoined/Ready/Teardown, the identity
+# thumbprint), server-side applied.
+- apiGroups: ["kontinuum.sh"]
+  resources: ["zones/status"]
+  verbs: ["patch"]
+# The TalosCluster and the identity Secret carry the Zone's controller ownerReference with
+# blockOwnerDeletion, which the OwnerReferencesPermissionEnforcement admission plugin allows
+# only to who may update the owner's finalizers; the InstancePool likewise the TalosCluster's.
+- apiGroups: ["kontinuum.sh"]
+  resources: ["zones/finalizers", "talosclusters/finalizers"]
+  verbs: ["update"]
+# The fan-out of spec.seed, server-side applied (`create` and `patch`: an apply that creates
+# needs both): the TalosCluster <region>-<zone> (watched: ClusterReady; `delete` at
+# teardown, so its machines are reset before the Zone goes) and its InstancePool (read
+# before it is written, so an unchanged one is not). `get` reads each fresh before a write.
+- apiGroups: ["kontinuum.sh"]
+  resources: ["talosclusters"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["kontinuum.sh"]
+  resources: ["instancepools"]
+  verbs: ["get", "create", "patch"]
+# Seed Instances <region>-<zone>-<hash>: created, or an unclaimed one at the same address
+# adopted (its region/zone labels patched). Never deleted here (the bootstrapper's teardown
+# decides their fate).
+- apiGroups: ["kontinuum.sh"]
+  resources: ["instances"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Kontinuum registry entries, read from a watch: RegistryJoined is a heartbeat of the zone's
+# agent within the TTL. Never written.
+- apiGroups: ["kontinuum.sh"]
+  resources: ["kontinuums"]
+  verbs: ["list", "watch"]
+# Secrets: the zone identity Secrets <zone>-identity (certificates only; created, patched on
+# rotation, watched so that a deleted one is reported as a revocation), and `get` of the
+# zone cluster's kubeconfig Secret named in the TalosCluster's status.secretRef (known only
+# at run time, so not narrowable by resourceNames). Set watchNamespace to confine this to
+# one namespace.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+{{- end -}}
+
+{{/* The chart's image (agentImage unset) and the proxy's CA, mirrored into every zone. */}}
+{{- define "kontinuum.env.zoneInstaller" -}}
+{{- include "kontinuum.settingsEnv" (list .op "KONTINUUM_ZONE_" (list "issuer" "caSecret" "gatewayClass" "registryTtl" "identityOverlap" "teardownTimeout" "downstreamTimeout" "retryInterval" "resyncInterval")) }}
+- name: KONTINUUM_ZONE_AGENT_IMAGE
+  value: {{ .op.agentImage | default (include "kontinuum.image" .root) | quote }}
+{{- if include "kontinuum.etcdProxyTlsSecret" .root }}
+- name: KONTINUUM_PROXY_CA_FILE
+  value: /etc/kontinuum/proxy-ca/ca.crt
+{{- end }}
+{{- if .root.Values.auth.oidc.caSecret }}
+- name: KONTINUUM_OIDC_CA_FILE
+  value: /etc/kontinuum/oidc-ca/ca.crt
+{{- end }}
+{{- end -}}
+
+{{- define "kontinuum.args.zoneInstaller" -}}
+{{- end -}}
+
+{{/* Only CAs: the etcd proxy's serving certificate's (its key stays unmounted) and a private
+OIDC issuer's (auth.oidc.caSecret), both mirrored into zones. */}}
+{{- define "kontinuum.traits.zoneInstaller" -}}
+{{- $proxy := include "kontinuum.etcdProxyTlsSecret" .root -}}
+{{- $oidc := .root.Values.auth.oidc.caSecret -}}
+{{- if or $proxy $oidc }}
+volumes:
+  {{- with $proxy }}
+  - name: proxy-ca
+    secret:
+      secretName: {{ . }}
+      defaultMode: 0440
+      items:
+        - key: ca.crt
+          path: ca.crt
+  {{- end }}
+  {{- with $oidc }}
+  - name: oidc-ca
+    secret:
+      secretName: {{ . }}
+      defaultMode: 0440
+      items:
+        - key: ca.crt
+          path: ca.crt
+  {{- end }}
+volumeMounts:
+  {{- if $proxy }}
+  - name: proxy-ca
+    mountPath: /etc/kontinuum/proxy-ca
+    readOnly: true
+  {{- end }}
+  {{- if $oidc }}
+  - name: oidc-ca
+    mountPath: /etc/kontinuum/oidc-ca
+    readOnly: true
+  {{- end }}
+{{- else -}}
+{}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The etcd proxy's serving-certificate Secret (as kontinuum.traits.etcdProxy names it), or
+nothing when the proxy is disabled. Computed from the values, not kontinuum.operators, which
+calls the traits (the root context).
+*/}}
+{{- define "kontinuum.etcdProxyTlsSecret" -}}
+{{- $own := .Values.operators.etcdProxy | default dict -}}
+{{- $enabled := .Values.operatorDefaults.enabled -}}
+{{- if hasKey $own "enabled" -}}{{- $enabled = $own.enabled -}}{{- end -}}
+{{- if $enabled -}}
+{{- printf "%s-etcd-proxy" (include "kontinuum.fullname" .) | trunc 63 | trimSuffix "-" | printf "%s-tls" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}

@@ -27,6 +27,7 @@ use crate::schema::{self, DNS1123_LABEL, DNS1123_SUBDOMAIN, MAX_LABEL_LEN, MAX_N
     printcolumn(name = "Region", type_ = "string", json_path = ".spec.region"),
     printcolumn(name = "Zone", type_ = "string", json_path = ".spec.zone"),
     printcolumn(name = "Domain", type_ = "string", json_path = ".spec.domain"),
+    printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint"),
     printcolumn(
         name = "Ready",
         type_ = "string",
@@ -146,6 +147,16 @@ pub struct ZoneStatus {
     /// etcd proxy verifies the zone agent's tokens against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity_thumbprint: Option<String>,
+
+    /// The last value of the `kontinuum.sh/rotate-identity` annotation that was acted on:
+    /// a rotation is requested by setting the annotation to any other value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_rotation: Option<String>,
+
+    /// Host name the zone agent is published at, `<zone>.<region>.<domain>`; unset without
+    /// a domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 impl HasConditions for ZoneStatus {

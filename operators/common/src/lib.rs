@@ -12,6 +12,7 @@
 //! * [`error`]: the stable `reason()` and transient/permanent class of reconcile errors;
 //! * [`backoff`]: per-object exponential backoff for failed reconciles;
 //! * [`claims`]: the compare-and-set claim label of Instances;
+//! * [`kubeconfig`]: clients for downstream clusters, with explicit timeouts;
 //! * [`operator`]: all of the above around a binary's controllers, for its `main`.
 #![warn(missing_docs)]
 
@@ -22,6 +23,7 @@ pub mod claims;
 pub mod error;
 pub mod events;
 pub mod finalizer;
+pub mod kubeconfig;
 pub mod leader;
 pub mod metrics;
 pub mod operator;

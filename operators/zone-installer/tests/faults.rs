@@ -1,0 +1,962 @@
+//! Zone faults (issue 12, acceptance 5), on the real test bed, every operator a process:
+//!
+//! * The zone agent crashes: its process (run on the host by the zone cluster's hostlet) is
+//!   killed with SIGKILL and stays down for the hostlet's crash-loop back-off. No heartbeat
+//!   reaches the hub, so `RegistryJoined` turns False at the registry TTL; once the hostlet
+//!   has restarted the agent it turns True again (never latched).
+//! * The hub's identity Secret is deleted: the proxy refuses the zone (its Unauthenticated
+//!   count grows), the registration lapses, the Zone says `Installed=False/IdentityRevoked`,
+//!   and the rotation annotation re-admits the zone with a new identity, trusted alone (the
+//!   revoked certificate is not trusted again), up to `Ready`.
+//! * The zone-installer and the talos-bootstrapper are killed (SIGKILL, as a crash) at fixed
+//!   points of adding a zone through every operator and of removing it, and restarted each
+//!   time: the zone still becomes Ready (its agent heartbeating through the real proxy) and
+//!   is still removed, with exactly one Bootstrap and one secrets bundle by the emulator's
+//!   counters and the hub's Secrets, and one identity Secret.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::large_futures,
+    clippy::too_many_lines
+)]
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use kontinuum_crds::conditions;
+use kontinuum_crds::labels::{CLAIMED_BY, IDENTITY_THUMBPRINT, ROTATE_IDENTITY};
+use kontinuum_crds::names::seed_instance_name;
+use kontinuum_crds::v1alpha2::{Instance, Kontinuum, TalosCluster, Zone};
+use kontinuum_e2e::addons::{
+    ADDON_INSTALLER_ROLE, ChartRepo, install_addon_installer_role, start_addon_installer,
+};
+use kontinuum_e2e::bootstrapper::{start_bootstrapper, start_operators, stored_kubeconfig};
+use kontinuum_e2e::testbed::{
+    CertificateAuthority, ControlPlane, HostletConfig, Shared, Tools, free_port, unique_dir,
+};
+use kontinuum_e2e::{
+    Operator, eventually, http_get, install_kontinuum_crds, namespace, service_account_kubeconfig,
+    shared_client, workspace_binary,
+};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt as _};
+use serde_json::json;
+use talos_emulator::{Emulator, Mode, Settings};
+use tokio::process::{Child, Command};
+use zone_installer::{footprint, identity};
+
+/// Bound of every wait: generous, the machine is shared with other builds and tests.
+const LIMIT: Duration = Duration::from_secs(300);
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+/// How often the zone agent rewrites its registration (`registry zone`'s default; the
+/// footprint sets none).
+const AGENT_HEARTBEAT: Duration = Duration::from_secs(10);
+/// The registry TTL of the agent tests: the zone-installer's `--registry-ttl` and
+/// `registry hub --ttl-seconds`.
+const TTL_SECONDS: u64 = 20;
+/// The hostlet's first crash-loop back-off in the crash test: the agent stays down this
+/// long after its SIGKILL, well past the TTL.
+const AGENT_BACKOFF_SECONDS: u64 = 60;
+
+/// One heavy test at a time in this binary (each runs a hub store, a proxy, a registry and
+/// a zone control plane on a shared two-core machine).
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Spawns `bin args`, logging to `<dir>/<name>.log`, killed when dropped.
+fn spawn(dir: &Path, name: &str, bin: &Path, args: &[String], env: &[(&str, &str)]) -> Child {
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+    Command::new(bin)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+async fn listening(addr: SocketAddr, what: &str) {
+    eventually(LIMIT, what, || async {
+        Ok(tokio::net::TcpStream::connect(addr).await.is_ok())
+    })
+    .await
+    .unwrap();
+}
+
+/// The hub's side of a zone join: the Kontinuum store (etcd), `etcd-proxy serve` in front
+/// of it (TLS from a test CA) and `registry hub` mirroring registrations, all processes.
+struct Hub {
+    /// The proxy's public endpoint.
+    proxy: SocketAddr,
+    /// The proxy's admin server (`/metrics`).
+    proxy_admin: SocketAddr,
+    /// The CA of the proxy's serving certificate (the zone-installer's `--proxy-ca-file`).
+    ca_file: PathBuf,
+    _processes: Vec<Child>,
+}
+
+impl Hub {
+    async fn start(shared: &Shared, ns: &str, dir: &Path, ttl_seconds: u64) -> Self {
+        let etcd_port = free_port(LOOPBACK).unwrap();
+        let peer_port = free_port(LOOPBACK).unwrap();
+        let store = format!("http://127.0.0.1:{etcd_port}");
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let etcd = spawn(
+            dir,
+            "etcd",
+            &shared.tools.path("etcd"),
+            &[
+                "--name=default".into(),
+                format!("--data-dir={}", dir.join("etcd").display()),
+                format!("--listen-client-urls={store}"),
+                format!("--advertise-client-urls={store}"),
+                format!("--listen-peer-urls={peer}"),
+                format!("--initial-advertise-peer-urls={peer}"),
+                format!("--initial-cluster=default={peer}"),
+                "--unsafe-no-fsync=true".into(),
+            ],
+            &[],
+        );
+        listening(SocketAddr::new(LOOPBACK, etcd_port), "etcd").await;
+        let ca = CertificateAuthority::generate("zone-faults-proxy-ca").unwrap();
+        let serving = ca.server("etcd-proxy", &[LOOPBACK], &[]).unwrap();
+        let (ca_file, cert_file, key_file) = (
+            dir.join("proxy-ca.crt"),
+            dir.join("proxy.crt"),
+            dir.join("proxy.key"),
+        );
+        std::fs::write(&ca_file, &ca.cert_pem).unwrap();
+        std::fs::write(&cert_file, &serving.cert_pem).unwrap();
+        std::fs::write(&key_file, &serving.key_pem).unwrap();
+        let proxy = SocketAddr::new(LOOPBACK, free_port(LOOPBACK).unwrap());
+        let proxy_admin = SocketAddr::new(LOOPBACK, free_port(LOOPBACK).unwrap());
+        let kubeconfig = format!("--kubeconfig={}", shared.kubeconfig_path.display());
+        let etcd_proxy = spawn(
+            dir,
+            "etcd-proxy",
+            &workspace_binary("etcd-proxy").unwrap(),
+            &[
+                "serve".into(),
+                format!("--listen={proxy}"),
+                format!("--store={store}"),
+                format!("--tls-cert={}", cert_file.display()),
+                format!("--tls-key={}", key_file.display()),
+                format!("--namespace={ns}"),
+                kubeconfig.clone(),
+                format!("--admin-addr={proxy_admin}"),
+                "--log-format=text".into(),
+                "--log-level=info".into(),
+            ],
+            &[],
+        );
+        listening(proxy, "etcd-proxy serve").await;
+        let registry_admin = SocketAddr::new(LOOPBACK, free_port(LOOPBACK).unwrap());
+        let registry = spawn(
+            dir,
+            "registry-hub",
+            &workspace_binary("registry").unwrap(),
+            &[
+                "hub".into(),
+                kubeconfig,
+                format!("--namespace={ns}"),
+                "--name=hub".into(),
+                format!("--store={store}"),
+                format!("--ttl-seconds={ttl_seconds}"),
+                "--heartbeat-seconds=5".into(),
+                format!("--admin-addr={registry_admin}"),
+                format!("--webhook-addr=127.0.0.1:{}", free_port(LOOPBACK).unwrap()),
+                "--log-format=text".into(),
+                "--log-level=info".into(),
+            ],
+            &[("KONTINUUM_INSECURE_ALLOW_ANONYMOUS", "true")],
+        );
+        listening(registry_admin, "registry hub").await;
+        Self {
+            proxy,
+            proxy_admin,
+            ca_file,
+            _processes: vec![etcd, etcd_proxy, registry],
+        }
+    }
+
+    /// Calls the proxy refused as Unauthenticated so far (every reason).
+    async fn refusals(&self) -> u64 {
+        let (_, text) = http_get(self.proxy_admin, "/metrics")
+            .await
+            .expect("the proxy's /metrics");
+        text.lines()
+            .filter(|l| l.starts_with("kontinuum_etcd_proxy_authn_failures_total"))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+            .sum()
+    }
+}
+
+/// Starts (or restarts) the zone-installer for `ns`, pointed at the hub's proxy.
+async fn start_zone_installer(
+    kubeconfig: &Path,
+    ns: &str,
+    hub: &Hub,
+    registry_ttl: &str,
+) -> Operator {
+    Operator::start(
+        Path::new(env!("CARGO_BIN_EXE_zone-installer")),
+        "zone-installer",
+        kubeconfig,
+        &[
+            "--namespace",
+            ns,
+            "--insecure-allow-anonymous",
+            "true",
+            "--hub-grpc-endpoint",
+            &hub.proxy.to_string(),
+            "--proxy-ca-file",
+            &hub.ca_file.to_string_lossy(),
+            "--agent-image",
+            "kontinuum:e2e",
+            "--retry-interval",
+            "1s",
+            "--registry-ttl",
+            registry_ttl,
+        ],
+    )
+    .await
+    .unwrap()
+}
+
+async fn condition(
+    client: &Client,
+    ns: &str,
+    zone: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
+    let zone = Api::<Zone>::namespaced(client.clone(), ns)
+        .get_opt(zone)
+        .await
+        .ok()??;
+    zone.status.and_then(|s| {
+        conditions::get(&s.conditions, type_)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    })
+}
+
+/// Waits until the Zone's condition `type_` has `status` (and `reason`, when given).
+async fn wait(client: &Client, ns: &str, zone: &str, type_: &str, status: &str, reason: &str) {
+    let result = eventually(
+        LIMIT,
+        &format!("Zone {zone} {type_}={status}/{reason}"),
+        || async {
+            Ok(condition(client, ns, zone, type_)
+                .await
+                .is_some_and(|(s, r, _)| s == status && (reason.is_empty() || r == reason)))
+        },
+    )
+    .await;
+    if let Err(e) = result {
+        panic!("{e}: last {:?}", condition(client, ns, zone, type_).await);
+    }
+}
+
+async fn zone_status(
+    client: &Client,
+    ns: &str,
+    zone: &str,
+) -> kontinuum_crds::v1alpha2::ZoneStatus {
+    Api::<Zone>::namespaced(client.clone(), ns)
+        .get(zone)
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default()
+}
+
+/// The zone agent's container, as the zone cluster's hostlet reports it.
+#[derive(Debug)]
+struct Agent {
+    pod: String,
+    /// The host pid while it runs (the hostlet's container id is `hostlet://<pid>`).
+    pid: Option<u32>,
+    restarts: i32,
+    waiting: Option<String>,
+}
+
+async fn agent(down: &Client) -> Option<Agent> {
+    let pods = Api::<Pod>::namespaced(down.clone(), footprint::NAMESPACE)
+        .list(&ListParams::default())
+        .await
+        .ok()?;
+    pods.items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .find_map(|p| {
+            let c = p
+                .status?
+                .container_statuses?
+                .into_iter()
+                .find(|c| c.name == footprint::AGENT_CONTAINER)?;
+            let state = c.state.unwrap_or_default();
+            let pid = c
+                .container_id
+                .as_deref()
+                .and_then(|id| id.strip_prefix("hostlet://"))
+                .and_then(|pid| pid.parse().ok())
+                .filter(|_| state.running.is_some());
+            Some(Agent {
+                pod: p.metadata.name?,
+                pid,
+                restarts: c.restart_count,
+                waiting: state.waiting.and_then(|w| w.reason),
+            })
+        })
+}
+
+/// A field of `/proc/<pid>/status`.
+fn proc_status(pid: u32, field: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+}
+
+/// A zone joined for real: its cluster (a real control plane whose one schedulable node is
+/// a hostlet, so the agent and relay run as host processes), the zone-installer, the Zone
+/// Ready.
+struct JoinedZone {
+    name: String,
+    cluster: ControlPlane,
+    down: Client,
+    _zone_installer: Operator,
+}
+
+impl JoinedZone {
+    async fn start(
+        client: &Client,
+        shared: &'static Shared,
+        ns: &str,
+        dir: &Path,
+        hub: &Hub,
+        (zone, node_octet, backoff): (&str, u8, Option<u64>),
+    ) -> Self {
+        let name = format!("eu-{zone}");
+        let mut cluster = kontinuum_e2e::addons::downstream_cluster(&shared.tools, &name)
+            .await
+            .unwrap();
+        let down = cluster.client();
+        let binary = |name: &str| {
+            workspace_binary(name)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        };
+        let map = dir.join("image-map.json");
+        let images = json!({ "images": [{
+            "image": "kontinuum",
+            "files": {
+                "/usr/local/bin/registry": binary("registry"),
+                "/usr/local/bin/etcd-proxy": binary("etcd-proxy"),
+            },
+        }] });
+        std::fs::write(&map, images.to_string()).unwrap();
+        let octet = u8::try_from(100 + std::process::id() % 50).unwrap();
+        let mut node = HostletConfig::new(
+            "zone-node",
+            Ipv4Addr::new(127, octet, node_octet, 1),
+            &map,
+            binary("hostlet"),
+        );
+        node.pod_cidr = Some(format!("127.{octet}.{}.0/24", node_octet + 1));
+        node.initial_backoff_seconds = backoff;
+        cluster.start_hostlet(&node).await.unwrap();
+        let nodes = Api::<Node>::all(down.clone());
+        for kwok in nodes.list(&ListParams::default()).await.unwrap() {
+            if kwok.name_any() != "zone-node" {
+                let cordon = json!({ "spec": { "unschedulable": true } });
+                nodes
+                    .patch(
+                        &kwok.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&cordon),
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+
+        let kubeconfig =
+            service_account_kubeconfig(client, shared, ns, "zone-installer", "cluster-admin")
+                .await
+                .unwrap();
+        let zone_installer =
+            start_zone_installer(&kubeconfig, ns, hub, &format!("{TTL_SECONDS}s")).await;
+        let object: Zone = serde_json::from_value(json!({
+            "apiVersion": "kontinuum.sh/v1alpha2", "kind": "Zone",
+            "metadata": { "name": name }, "spec": { "region": "eu", "zone": zone },
+        }))
+        .unwrap();
+        Api::<Zone>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+        kontinuum_e2e::addons::seed_cluster(client, ns, &name, cluster.kubeconfig_yaml(), 1)
+            .await
+            .unwrap();
+        let ready = json!({ "status": { "conditions": [{
+            "type": "Ready", "status": "True", "reason": "Ready", "message": "ready for the test",
+            "lastTransitionTime": "2026-01-01T00:00:00Z" }] } });
+        Api::<TalosCluster>::namespaced(client.clone(), ns)
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&ready))
+            .await
+            .unwrap();
+        wait(client, ns, &name, "Ready", "True", "").await;
+        Self {
+            name,
+            cluster,
+            down,
+            _zone_installer: zone_installer,
+        }
+    }
+
+    fn hostlet_pid(&self) -> u32 {
+        self.cluster
+            .pids()
+            .into_iter()
+            .find(|(component, _)| *component == "hostlet")
+            .map(|(_, pid)| pid)
+            .expect("the zone cluster's hostlet runs")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_zone_agent_turns_registry_joined_false_at_the_ttl_and_true_once_it_runs_again() {
+    let _heavy = HEAVY.lock().await;
+    let (client, shared) = shared_client().await.unwrap();
+    install_kontinuum_crds(&client).await.unwrap();
+    let ns = namespace(&client, "zone-agent-crash").await.unwrap();
+    let dir = unique_dir("zone-agent-crash");
+    std::fs::create_dir_all(&dir).unwrap();
+    let hub = Hub::start(shared, &ns, &dir, TTL_SECONDS).await;
+    let zone = JoinedZone::start(
+        &client,
+        shared,
+        &ns,
+        &dir,
+        &hub,
+        ("crash", 20, Some(AGENT_BACKOFF_SECONDS)),
+    )
+    .await;
+    let name = zone.name.as_str();
+
+    // The agent's process: a child of the zone cluster's hostlet, the `registry` binary.
+    let before = agent(&zone.down).await.unwrap();
+    let pid = before.pid.expect("the agent runs");
+    assert_eq!(before.restarts, 0, "{before:?}");
+    assert_eq!(
+        proc_status(pid, "Name").as_deref(),
+        Some("registry"),
+        "pid {pid} is the zone agent"
+    );
+    assert_eq!(
+        proc_status(pid, "PPid"),
+        Some(zone.hostlet_pid().to_string()),
+        "pid {pid} runs under the zone cluster's hostlet"
+    );
+
+    // SIGKILL, as a crash: no deregistration, the heartbeats just stop.
+    let killed_status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed_status.success());
+    let killed = Instant::now();
+    wait(
+        &client,
+        &ns,
+        name,
+        "RegistryJoined",
+        "False",
+        "WaitingForRegistry",
+    )
+    .await;
+    let lapsed = killed.elapsed();
+    let (ready, reason, _) = condition(&client, &ns, name, "Ready").await.unwrap();
+    assert_eq!(
+        (ready.as_str(), reason.as_str()),
+        ("False", "WaitingForRegistry")
+    );
+    // Still down (the hostlet's back-off), so the False came from the missing heartbeats.
+    let down = agent(&zone.down).await.unwrap();
+    assert!(
+        down.pid.is_none() && down.waiting.as_deref() == Some("CrashLoopBackOff"),
+        "{down:?}"
+    );
+    // Not before the last heartbeat's TTL could have run out.
+    let earliest = Duration::from_secs(TTL_SECONDS)
+        .saturating_sub(AGENT_HEARTBEAT)
+        .saturating_sub(Duration::from_secs(1));
+    assert!(
+        lapsed >= earliest,
+        "RegistryJoined turned False {lapsed:?} after the kill, before the TTL allows"
+    );
+
+    // The hostlet restarts the same container after its back-off; the Zone follows.
+    eventually(LIMIT, "the hostlet restarted the agent", || async {
+        Ok(agent(&zone.down)
+            .await
+            .is_some_and(|a| a.pid.is_some_and(|p| p != pid) && a.restarts == 1))
+    })
+    .await
+    .unwrap();
+    let restarted = killed.elapsed();
+    wait(
+        &client,
+        &ns,
+        name,
+        "RegistryJoined",
+        "True",
+        "RegistryJoined",
+    )
+    .await;
+    let rejoined = killed.elapsed();
+    wait(&client, &ns, name, "Ready", "True", "Ready").await;
+    let after = agent(&zone.down).await.unwrap();
+    assert_eq!(after.pod, before.pod, "the same pod: a container restart");
+    let entries = Api::<Kontinuum>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|k| k.spec.zone.as_deref() == Some("crash"))
+        .count();
+    assert_eq!(entries, 1, "one registration of the zone");
+    eprintln!(
+        "agent killed: RegistryJoined=False after {lapsed:?} (TTL {TTL_SECONDS}s, heartbeat {AGENT_HEARTBEAT:?}); \
+         the hostlet restarted it after {restarted:?} (back-off {AGENT_BACKOFF_SECONDS}s); \
+         RegistryJoined=True again {rejoined:?} after the kill, {:?} after the restart",
+        rejoined.saturating_sub(restarted)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_zone_is_refused_by_the_proxy_and_readmitted_by_the_rotation_annotation() {
+    let _heavy = HEAVY.lock().await;
+    let (client, shared) = shared_client().await.unwrap();
+    install_kontinuum_crds(&client).await.unwrap();
+    let ns = namespace(&client, "zone-readmit").await.unwrap();
+    let dir = unique_dir("zone-readmit");
+    std::fs::create_dir_all(&dir).unwrap();
+    let hub = Hub::start(shared, &ns, &dir, TTL_SECONDS).await;
+    let zone = JoinedZone::start(&client, shared, &ns, &dir, &hub, ("readmit", 22, Some(2))).await;
+    let name = zone.name.as_str();
+    let revoked_thumbprint = zone_status(&client, &ns, name)
+        .await
+        .identity_thumbprint
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let hub_secret = identity::secret_name(name);
+
+    // Revoked: the proxy refuses the zone's calls, the registration lapses.
+    let refused_before = hub.refusals().await;
+    secrets
+        .delete(&hub_secret, &DeleteParams::default())
+        .await
+        .unwrap();
+    let revoked = Instant::now();
+    wait(&client, &ns, name, "Installed", "False", "IdentityRevoked").await;
+    wait(&client, &ns, name, "Ready", "False", "IdentityRevoked").await;
+    let said = revoked.elapsed();
+    eventually(LIMIT, "the proxy refusing the revoked zone", || async {
+        Ok(hub.refusals().await > refused_before)
+    })
+    .await
+    .unwrap();
+    let refused = revoked.elapsed();
+    wait(
+        &client,
+        &ns,
+        name,
+        "RegistryJoined",
+        "False",
+        "WaitingForRegistry",
+    )
+    .await;
+    let lapsed = revoked.elapsed();
+    assert!(
+        secrets.get_opt(&hub_secret).await.unwrap().is_none(),
+        "a revoked zone is not re-issued an identity on its own"
+    );
+
+    // Re-admitted: a rotation request issues a new identity, trusted alone.
+    let patch = json!({ "metadata": { "annotations": { ROTATE_IDENTITY: "readmit-1" } } });
+    Api::<Zone>::namespaced(client.clone(), &ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let readmitting = Instant::now();
+    wait(&client, &ns, name, "Installed", "True", "Installed").await;
+    let installed = readmitting.elapsed();
+    wait(
+        &client,
+        &ns,
+        name,
+        "RegistryJoined",
+        "True",
+        "RegistryJoined",
+    )
+    .await;
+    wait(&client, &ns, name, "Ready", "True", "Ready").await;
+    let readmitted = readmitting.elapsed();
+
+    let status = zone_status(&client, &ns, name).await;
+    let thumbprint = status.identity_thumbprint.unwrap();
+    assert_ne!(thumbprint, revoked_thumbprint, "a new identity");
+    assert_eq!(status.identity_rotation.as_deref(), Some("readmit-1"));
+    let trusted = secrets.get(&hub_secret).await.unwrap();
+    assert_eq!(trusted.type_.as_deref(), Some(identity::SECRET_TYPE));
+    let trusted = identity::certificates(&trusted.data.unwrap()[identity::CERT_KEY].0);
+    assert_eq!(
+        trusted
+            .iter()
+            .map(|c| identity::thumbprint(c.as_slice()))
+            .collect::<Vec<_>>(),
+        vec![thumbprint.clone()],
+        "the new certificate alone: the revoked one is not trusted again"
+    );
+    let held = Api::<Secret>::namespaced(zone.down.clone(), footprint::NAMESPACE)
+        .get(footprint::IDENTITY_SECRET)
+        .await
+        .unwrap()
+        .data
+        .unwrap();
+    let held = identity::certificates(&held[identity::CERT_KEY].0).remove(0);
+    assert_eq!(identity::thumbprint(&held), thumbprint, "the zone holds it");
+    let template = Api::<Deployment>::namespaced(zone.down.clone(), footprint::NAMESPACE)
+        .get(footprint::DEPLOYMENT)
+        .await
+        .unwrap()
+        .spec
+        .template
+        .metadata
+        .unwrap()
+        .annotations
+        .unwrap();
+    assert_eq!(template.get(IDENTITY_THUMBPRINT), Some(&thumbprint));
+    eprintln!(
+        "revoked: Installed=False/IdentityRevoked after {said:?}, the proxy refused the zone after {refused:?}, \
+         RegistryJoined=False after {lapsed:?}; re-admitted by the annotation: Installed after {installed:?}, \
+         RegistryJoined and Ready after {readmitted:?}"
+    );
+}
+
+/// The Zone's identity Secrets on the hub.
+async fn identity_secrets(client: &Client, ns: &str) -> Vec<Secret> {
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().fields(&format!("type={}", identity::SECRET_TYPE)))
+        .await
+        .unwrap()
+        .items
+}
+
+/// The cluster's secrets bundles on the hub.
+async fn bundles(client: &Client, ns: &str) -> Vec<Secret> {
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=talos-cluster-secrets"))
+        .await
+        .unwrap()
+        .items
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_killed_at_fixed_points_of_add_and_remove_converge_with_one_bootstrap() {
+    const NAME: &str = "eu-faults";
+    let _heavy = HEAVY.lock().await;
+    let (client, shared) = shared_client().await.unwrap();
+    install_kontinuum_crds(&client).await.unwrap();
+    let ns = namespace(&client, "zone-faults").await.unwrap();
+    let dir = unique_dir("zone-faults");
+    std::fs::create_dir_all(&dir).unwrap();
+    let address = Ipv4Addr::new(127, 88, 0, 1);
+    let emulator = Emulator::start(Settings {
+        machines: 1,
+        first_address: address,
+        port: 50000,
+        api_port: 6443,
+        dir: unique_dir("emulator-zone-faults"),
+        control_addr: None,
+    })
+    .await
+    .unwrap();
+    let bootstrapper_bin = workspace_binary("talos-bootstrapper").unwrap();
+    let (mut operators, bootstrapper_kubeconfig) =
+        start_operators(&client, shared, &ns, &bootstrapper_bin, &[])
+            .await
+            .unwrap();
+    let tools = Tools::locate().unwrap();
+    let repo = ChartRepo::serve(&tools).await.unwrap();
+    install_addon_installer_role(&client).await.unwrap();
+    let kubeconfig = service_account_kubeconfig(
+        &client,
+        shared,
+        &ns,
+        "addon-installer",
+        ADDON_INSTALLER_ROLE,
+    )
+    .await
+    .unwrap();
+    let _addon_installer = start_addon_installer(
+        &workspace_binary("addon-installer").unwrap(),
+        &kubeconfig,
+        &ns,
+        &repo.url,
+        &["--resync-interval", "2s"],
+    )
+    .await
+    .unwrap();
+    let hub = Hub::start(shared, &ns, &dir, 300).await;
+    let zone_installer_kubeconfig =
+        service_account_kubeconfig(&client, shared, &ns, "zone-installer", "cluster-admin")
+            .await
+            .unwrap();
+    let registry_ttl = "60s";
+    let mut zone_installer =
+        start_zone_installer(&zone_installer_kubeconfig, &ns, &hub, registry_ttl).await;
+
+    let zones: Api<Zone> = Api::namespaced(client.clone(), &ns);
+    let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let mut kills: Vec<(&str, Duration)> = Vec::new();
+
+    // Add, as a GitOps repository would: the Zone alone.
+    let started = Instant::now();
+    let zone: Zone = serde_json::from_value(json!({
+        "apiVersion": "kontinuum.sh/v1alpha2", "kind": "Zone",
+        "metadata": { "name": NAME },
+        "spec": { "region": "eu", "zone": "faults", "seed": { "talosAddresses": [address.to_string()] } },
+    }))
+    .unwrap();
+    zones.create(&PostParams::default(), &zone).await.unwrap();
+
+    // 1. The zone-installer, right after the fan-out appears.
+    eventually(LIMIT, "the fan-out's TalosCluster", || async {
+        Ok(clusters.get_opt(NAME).await?.is_some())
+    })
+    .await
+    .unwrap();
+    zone_installer.kill().await.unwrap();
+    kills.push(("zone-installer after the fan-out", started.elapsed()));
+    zone_installer =
+        start_zone_installer(&zone_installer_kubeconfig, &ns, &hub, registry_ttl).await;
+
+    // 2. The talos-bootstrapper, right after the Bootstrap call.
+    eventually(LIMIT, "the Bootstrap call", || async {
+        Ok(emulator.bootstrap_calls(address).unwrap_or(0) >= 1)
+    })
+    .await
+    .unwrap();
+    operators[2].kill().await.unwrap();
+    kills.push(("talos-bootstrapper after Bootstrap", started.elapsed()));
+    let bundle_uid = bundles(&client, &ns)
+        .await
+        .first()
+        .and_then(kube::ResourceExt::uid);
+    operators[2] = start_bootstrapper(&bootstrapper_bin, &bootstrapper_kubeconfig, &ns, &[])
+        .await
+        .unwrap();
+
+    // 3. The zone-installer, right after the identity Secret appears.
+    let hub_secret = identity::secret_name(NAME);
+    eventually(LIMIT, "the identity Secret", || async {
+        Ok(secrets.get_opt(&hub_secret).await?.is_some())
+    })
+    .await
+    .unwrap();
+    zone_installer.kill().await.unwrap();
+    kills.push((
+        "zone-installer after the identity Secret",
+        started.elapsed(),
+    ));
+    zone_installer =
+        start_zone_installer(&zone_installer_kubeconfig, &ns, &hub, registry_ttl).await;
+
+    // Ready: the agent installed in the emulated zone cluster heartbeats through the proxy.
+    wait(&client, &ns, NAME, "Ready", "True", "Ready").await;
+    let ready = started.elapsed();
+    assert_eq!(
+        emulator.bootstrap_calls(address),
+        Some(1),
+        "exactly one Bootstrap call"
+    );
+    let found = bundles(&client, &ns).await;
+    assert_eq!(found.len(), 1, "one secrets bundle");
+    if bundle_uid.is_some() {
+        assert_eq!(
+            found[0].uid(),
+            bundle_uid,
+            "the bundle was never regenerated"
+        );
+    }
+    let identities = identity_secrets(&client, &ns).await;
+    assert_eq!(
+        identities
+            .iter()
+            .map(kube::ResourceExt::name_any)
+            .collect::<Vec<_>>(),
+        vec![hub_secret.clone()],
+        "one identity Secret"
+    );
+    let thumbprint = zone_status(&client, &ns, NAME)
+        .await
+        .identity_thumbprint
+        .unwrap();
+    let trusted =
+        identity::certificates(&identities[0].data.clone().unwrap()[identity::CERT_KEY].0);
+    assert_eq!(
+        trusted
+            .iter()
+            .map(|c| identity::thumbprint(c.as_slice()))
+            .collect::<Vec<_>>(),
+        vec![thumbprint.clone()],
+        "the hub trusts exactly the identity in use"
+    );
+    let down =
+        kontinuum_e2e::testbed::client_from(&stored_kubeconfig(&client, &ns, NAME).await.unwrap())
+            .await
+            .unwrap();
+    let held = Api::<Secret>::namespaced(down.clone(), footprint::NAMESPACE)
+        .get(footprint::IDENTITY_SECRET)
+        .await
+        .unwrap()
+        .data
+        .unwrap();
+    let held = identity::certificates(&held[identity::CERT_KEY].0).remove(0);
+    assert_eq!(identity::thumbprint(&held), thumbprint, "the zone holds it");
+    assert!(
+        Api::<Kontinuum>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|k| k.spec.zone.as_deref() == Some("faults")),
+        "the zone's registration is mirrored"
+    );
+
+    // Remove.
+    let removing = Instant::now();
+    zones.delete(NAME, &DeleteParams::default()).await.unwrap();
+
+    // 4. The zone-installer, once its teardown has started.
+    eventually(LIMIT, "the Zone Deleting", || async {
+        Ok(condition(&client, &ns, NAME, "Deleting")
+            .await
+            .is_some_and(|(s, _, _)| s == "True"))
+    })
+    .await
+    .unwrap();
+    zone_installer.kill().await.unwrap();
+    kills.push((
+        "zone-installer during the Zone's teardown",
+        started.elapsed(),
+    ));
+    assert!(
+        zones.get_opt(NAME).await.unwrap().is_some(),
+        "killed while the Zone was still being torn down"
+    );
+    zone_installer =
+        start_zone_installer(&zone_installer_kubeconfig, &ns, &hub, registry_ttl).await;
+
+    // 5. The talos-bootstrapper, once the TalosCluster is being deleted (machines reset).
+    eventually(LIMIT, "the TalosCluster being deleted", || async {
+        Ok(clusters
+            .get_opt(NAME)
+            .await?
+            .is_none_or(|c| c.metadata.deletion_timestamp.is_some()))
+    })
+    .await
+    .unwrap();
+    let still = clusters.get_opt(NAME).await.unwrap().is_some();
+    operators[2].kill().await.unwrap();
+    kills.push((
+        "talos-bootstrapper during the TalosCluster's teardown",
+        started.elapsed(),
+    ));
+    assert!(
+        still,
+        "killed while the TalosCluster was still being torn down"
+    );
+    operators[2] = start_bootstrapper(&bootstrapper_bin, &bootstrapper_kubeconfig, &ns, &[])
+        .await
+        .unwrap();
+
+    eventually(LIMIT, "the Zone and its TalosCluster gone", || async {
+        Ok(zones.get_opt(NAME).await?.is_none() && clusters.get_opt(NAME).await?.is_none())
+    })
+    .await
+    .unwrap();
+    let removed = removing.elapsed();
+    // Known failure (reported): a talos-bootstrapper restarted during teardown can reconcile
+    // the deleted TalosCluster before its Instance store has synced, find no member, and
+    // finish the teardown without resetting the machine. Its log then says "teardown
+    // finished" with no "machine torn down" before it.
+    let mode = emulator.mode(address);
+    assert_eq!(
+        mode,
+        Some(Mode::Maintenance),
+        "the machine was not reset; the restarted talos-bootstrapper's log ({}):\n{}",
+        operators[2].log.display(),
+        std::fs::read_to_string(&operators[2].log).unwrap_or_default()
+    );
+    assert_eq!(
+        emulator.bootstrap_calls(address),
+        Some(1),
+        "still exactly one Bootstrap call"
+    );
+    let seed = seed_instance_name("eu", "faults", &address.to_string()).unwrap();
+    eventually(LIMIT, "the seed Instance released", || async {
+        Ok(Api::<Instance>::namespaced(client.clone(), &ns)
+            .get(&seed)
+            .await?
+            .labels()
+            .get(CLAIMED_BY)
+            .is_none())
+    })
+    .await
+    .unwrap();
+    eventually(
+        LIMIT,
+        "the identity Secret and the bundle collected",
+        || async {
+            Ok(identity_secrets(&client, &ns).await.is_empty()
+                && bundles(&client, &ns).await.is_empty())
+        },
+    )
+    .await
+    .unwrap();
+    let notes: Vec<String> =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NAME))
+            .filter_map(|e| e.note)
+            .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("teardown finished: zone footprint removed")),
+        "{notes:#?}"
+    );
+    let issued: Vec<&String> = notes.iter().filter(|n| n.contains("identity")).collect();
+    drop(zone_installer);
+    eprintln!(
+        "zone faults: killed {kills:?}; Ready after {ready:?}, removed {removed:?} after the delete; \
+         1 Bootstrap, 1 secrets bundle, 1 identity Secret; identity events {issued:?}"
+    );
+    emulator.shutdown().await;
+}

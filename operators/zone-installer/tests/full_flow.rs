@@ -1,0 +1,278 @@
+//! The zone flow through every operator as a process, nothing standing in for one: a Zone
+//! with one seed address (an emulated Talos machine in maintenance mode) is fanned out by
+//! the zone-installer, discovered, claimed and bootstrapped into a real zone control plane
+//! by instance-discovery, pool-claimer and talos-bootstrapper, its addons installed by the
+//! addon-installer (fixture charts through the chart mirror), and then the zone-installer
+//! installs the footprint into that zone cluster; deleting the Zone takes it all back.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::large_futures,
+    clippy::too_many_lines
+)]
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use kontinuum_crds::conditions;
+use kontinuum_crds::labels::{CLAIMED_BY, IDENTITY_THUMBPRINT};
+use kontinuum_crds::names::seed_instance_name;
+use kontinuum_crds::v1alpha2::{Instance, TalosCluster, Zone};
+use kontinuum_e2e::addons::{
+    ADDON_INSTALLER_ROLE, ChartRepo, install_addon_installer_role, start_addon_installer,
+};
+use kontinuum_e2e::bootstrapper::{start_operators, stored_kubeconfig};
+use kontinuum_e2e::testbed::{Tools, unique_dir};
+use kontinuum_e2e::{
+    Operator, eventually, install_kontinuum_crds, namespace, service_account_kubeconfig,
+    shared_client, workspace_binary,
+};
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client, ResourceExt as _};
+use talos_emulator::{Emulator, Mode, Settings};
+use zone_installer::identity;
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+async fn condition(client: &Client, ns: &str, type_: &str) -> Option<(String, String, String)> {
+    let zone = Api::<Zone>::namespaced(client.clone(), ns)
+        .get_opt("eu-flow")
+        .await
+        .ok()??;
+    zone.status.and_then(|s| {
+        conditions::get(&s.conditions, type_)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    })
+}
+
+async fn wait(client: &Client, ns: &str, type_: &str, status: &str) -> (String, String) {
+    let result = eventually(LIMIT, &format!("Zone {type_}={status}"), || async {
+        Ok(condition(client, ns, type_)
+            .await
+            .is_some_and(|(s, _, _)| s == status))
+    })
+    .await;
+    let last = condition(client, ns, type_).await;
+    if let Err(e) = result {
+        panic!("{e}: last {last:?}");
+    }
+    last.map(|(_, r, m)| (r, m)).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_manifest_becomes_an_installed_zone_and_goes_away() {
+    let (client, shared) = shared_client().await.unwrap();
+    install_kontinuum_crds(&client).await.unwrap();
+    let ns = namespace(&client, "zone-flow").await.unwrap();
+    let address = Ipv4Addr::new(127, 98, 12, 1);
+    let emulator = Emulator::start(Settings {
+        machines: 1,
+        first_address: address,
+        port: 50000,
+        api_port: 6443,
+        dir: unique_dir("emulator-zone-flow"),
+        control_addr: None,
+    })
+    .await
+    .unwrap();
+    let (_operators, _) = start_operators(
+        &client,
+        shared,
+        &ns,
+        &workspace_binary("talos-bootstrapper").unwrap(),
+        &[],
+    )
+    .await
+    .unwrap();
+    let tools = Tools::locate().unwrap();
+    let repo = ChartRepo::serve(&tools).await.unwrap();
+    install_addon_installer_role(&client).await.unwrap();
+    let kubeconfig = service_account_kubeconfig(
+        &client,
+        shared,
+        &ns,
+        "addon-installer",
+        ADDON_INSTALLER_ROLE,
+    )
+    .await
+    .unwrap();
+    let _installer = start_addon_installer(
+        &workspace_binary("addon-installer").unwrap(),
+        &kubeconfig,
+        &ns,
+        &repo.url,
+        &["--resync-interval", "2s"],
+    )
+    .await
+    .unwrap();
+    let kubeconfig =
+        service_account_kubeconfig(&client, shared, &ns, "zone-installer", "cluster-admin")
+            .await
+            .unwrap();
+    let _zone_installer = Operator::start(
+        Path::new(env!("CARGO_BIN_EXE_zone-installer")),
+        "zone-installer",
+        &kubeconfig,
+        &[
+            "--namespace",
+            &ns,
+            "--insecure-allow-anonymous",
+            "true",
+            "--hub-grpc-endpoint",
+            "127.0.0.1:2379",
+            "--retry-interval",
+            "1s",
+        ],
+    )
+    .await
+    .unwrap();
+
+    // The Zone alone, as a GitOps repository would hold it.
+    let started = Instant::now();
+    let zone: Zone = serde_json::from_value(serde_json::json!({
+        "apiVersion": "kontinuum.sh/v1alpha2", "kind": "Zone",
+        "metadata": { "name": "eu-flow" },
+        "spec": { "region": "eu", "zone": "flow", "seed": { "talosAddresses": [address.to_string()] } },
+    }))
+    .unwrap();
+    Api::<Zone>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &zone)
+        .await
+        .unwrap();
+    let (reason, _) = wait(&client, &ns, "ClusterReady", "True").await;
+    assert_eq!(reason, "ClusterReady");
+    let cluster_ready = started.elapsed();
+    let (reason, message) = wait(&client, &ns, "Installed", "True").await;
+    let installed = started.elapsed();
+    assert_eq!(reason, "Installed");
+    assert!(message.contains("network exposure skipped"), "{message}");
+    let seed = seed_instance_name("eu", "flow", &address.to_string()).unwrap();
+    let instance = Api::<Instance>::namespaced(client.clone(), &ns)
+        .get(&seed)
+        .await
+        .unwrap();
+    assert_eq!(
+        instance.labels().get(CLAIMED_BY).map(String::as_str),
+        Some("eu-flow")
+    );
+
+    // The footprint in the real zone cluster, with the identity the hub trusts.
+    let down = kontinuum_e2e::testbed::client_from(
+        &stored_kubeconfig(&client, &ns, "eu-flow").await.unwrap(),
+    )
+    .await
+    .unwrap();
+    let system = "kontinuum-system";
+    let deployment = Api::<Deployment>::namespaced(down.clone(), system)
+        .get("kontinuum")
+        .await
+        .unwrap();
+    Api::<Service>::namespaced(down.clone(), system)
+        .get("kontinuum")
+        .await
+        .unwrap();
+    let env = Api::<ConfigMap>::namespaced(down.clone(), system)
+        .get("kontinuum-env")
+        .await
+        .unwrap()
+        .data
+        .unwrap();
+    assert_eq!(
+        env.get("KONTINUUM_SERVER_REGION").map(String::as_str),
+        Some("eu")
+    );
+    assert_eq!(
+        env.get("KONTINUUM_SERVER_ZONE").map(String::as_str),
+        Some("flow")
+    );
+    let dsn = Api::<Secret>::namespaced(down.clone(), system)
+        .get("kontinuum-env")
+        .await
+        .unwrap()
+        .data
+        .unwrap();
+    assert_eq!(
+        dsn.get("KONTINUUM_SERVER_STORAGE").map(|b| b.0.as_slice()),
+        Some(b"grpc://eu-flow@127.0.0.1:2379".as_slice())
+    );
+    let thumbprint = Api::<Zone>::namespaced(client.clone(), &ns)
+        .get("eu-flow")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .identity_thumbprint
+        .unwrap();
+    let annotations = deployment
+        .spec
+        .template
+        .metadata
+        .and_then(|m| m.annotations)
+        .unwrap_or_default();
+    assert_eq!(annotations.get(IDENTITY_THUMBPRINT), Some(&thumbprint));
+    let held = Api::<Secret>::namespaced(down.clone(), system)
+        .get("kontinuum-identity")
+        .await
+        .unwrap()
+        .data
+        .unwrap();
+    let cert = identity::certificates(&held["tls.crt"].0).remove(0);
+    assert_eq!(identity::thumbprint(&cert), thumbprint);
+
+    // Remove: the footprint gone, the machine back in maintenance mode, the Instance
+    // released (not deleted: unregisterInstances is unset), the hub objects gone.
+    let removing = Instant::now();
+    Api::<Zone>::namespaced(client.clone(), &ns)
+        .delete("eu-flow", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(LIMIT, "the Zone and its TalosCluster gone", || async {
+        Ok(Api::<Zone>::namespaced(client.clone(), &ns)
+            .get_opt("eu-flow")
+            .await?
+            .is_none()
+            && Api::<TalosCluster>::namespaced(client.clone(), &ns)
+                .get_opt("eu-flow")
+                .await?
+                .is_none())
+    })
+    .await
+    .unwrap();
+    let removed = removing.elapsed();
+    assert_eq!(emulator.mode(address), Some(Mode::Maintenance));
+    eventually(LIMIT, "the seed Instance released", || async {
+        Ok(Api::<Instance>::namespaced(client.clone(), &ns)
+            .get(&seed)
+            .await?
+            .labels()
+            .get(CLAIMED_BY)
+            .is_none())
+    })
+    .await
+    .unwrap();
+    // The footprint was removed from the live zone cluster before its TalosCluster was
+    // deleted (the machine's reset would take it along otherwise): the Zone's Event says so.
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let notes: Vec<String> = events
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("eu-flow"))
+        .filter_map(|e| e.note.clone())
+        .collect();
+    assert!(
+        notes.iter().any(|n| n
+            .contains("teardown finished: zone footprint removed; TalosCluster eu-flow deleted")),
+        "{notes:#?}"
+    );
+    eprintln!(
+        "zone add: ClusterReady after {cluster_ready:?}, Installed after {installed:?}; remove: {removed:?}"
+    );
+    emulator.shutdown().await;
+}
