@@ -9,18 +9,21 @@
 #                          fixture charts (stand-ins for the public cilium, gateway-api-crds
 #                          and cert-manager charts, which cannot be fetched here), `helm
 #                          install` of charts/kontinuum, N emulated Talos machines, and a
-#                          TalosCluster made from them with `kubectl apply` — then waits,
-#                          showing its conditions, until it is Ready, and leaves it running.
+#                          zone made from the first with `kubectl kontinuum zone add --wait`
+#                          (the plugin's live view of its conditions) until it is Ready —
+#                          its cluster built, the zone agent installed into it and heard
+#                          from in the hub's registry — then its describe tree; it leaves
+#                          everything running.
 #   scripts/demo.sh down   stops and removes everything `up` started.
 #
-# Settings (environment): KONTINUUM_DEMO_DIR (default target/demo), DEMO_MACHINES (3),
-# DEMO_TIMEOUT_SECONDS (600).
+# Settings (environment): KONTINUUM_DEMO_DIR (default target/demo), DEMO_MACHINES (1, the
+# zone's control planes), DEMO_TIMEOUT_SECONDS (600).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
 dir=${KONTINUUM_DEMO_DIR:-$root/target/demo}
-machines=${DEMO_MACHINES:-3}
+machines=${DEMO_MACHINES:-1}
 timeout_s=${DEMO_TIMEOUT_SECONDS:-600}
 # Loopback addresses of their own, so the demo never meets a test's control plane.
 hub_addr=127.77.0.1
@@ -32,7 +35,9 @@ first_machine=127.10.0.1
 node=kontinuum-demo
 release=kontinuum
 chart_ns=kontinuum-system
-ns=demo
+region=demo
+zone=a
+zone_name=$region-$zone
 
 say() { printf '\033[1mdemo:\033[0m %s\n' "$*"; }
 fail() { printf 'demo: %s\n' "$*" >&2; exit 1; }
@@ -85,7 +90,7 @@ up() {
   cargo build --locked -q --bins \
     -p kontinuum-testbed -p kontinuum-hostlet -p talos-emulator \
     -p instance-discovery -p pool-claimer -p talos-bootstrapper -p addon-installer \
-    -p etcd-proxy -p registry
+    -p etcd-proxy -p registry -p zone-installer -p kubectl-kontinuum
   local target=${CARGO_TARGET_DIR:-$root/target}/debug
   local kubectl="$bin/kubectl" helm="$bin/helm"
   mkdir -p "$dir/logs"
@@ -104,7 +109,7 @@ up() {
     echo "images:"
     echo "  - image: kontinuum"
     echo "    files:"
-    for b in instance-discovery pool-claimer talos-bootstrapper addon-installer etcd-proxy registry; do
+    for b in instance-discovery pool-claimer talos-bootstrapper addon-installer etcd-proxy registry zone-installer; do
       echo "      /usr/local/bin/$b: $target/$b"
     done
     echo "      /usr/local/bin/helm: $bin/helm"
@@ -137,12 +142,15 @@ up() {
 
   # The API server cannot reach a Service here (no kube-proxy; EndpointSlices refuse the
   # hostlet's loopback pod IPs), so it calls the registry's conversion webhook at the node's
-  # address, where the registry runs on the node's network.
+  # address, where the registry runs on the node's network; likewise zone agents dial
+  # etcd-proxy on the node's network at $node_addr:2379 (server.grpcEndpoint).
   say "helm install $release charts/kontinuum (namespace $chart_ns)"
   "$helm" upgrade --install "$release" charts/kontinuum --namespace "$chart_ns" --create-namespace \
     --set operators.addonInstaller.chartMirror="http://$repo_addr" \
     --set "store.external.endpoints[0]=http://$store_addr:2379" \
     --set auth.insecureAllowAnonymous=true \
+    --set "server.grpcEndpoint=$node_addr:2379" \
+    --set operators.etcdProxy.hostNetwork=true --set operators.etcdProxy.adminPort=8081 \
     --set operators.registry.hostNetwork=true \
     --set "operators.registry.webhookUrl=https://$node_addr:9443/convert" \
     --set-string 'operatorDefaults.nodeSelector.kontinuum\.sh/demo=true' \
@@ -154,104 +162,40 @@ up() {
     --dir "$dir/machines" --control-addr 127.77.0.1:0
   wait_line machines '^control ' 60
 
-  say "kubectl apply: Instances, InstancePools and the TalosCluster $ns/demo"
-  manifests >"$dir/demo.yaml"
-  "$kubectl" apply -f "$dir/demo.yaml"
-
-  say "waiting for TalosCluster demo to be Ready (conditions as they change):"
-  local last="" now="" started; started=$(date +%s)
-  while :; do
-    now=$("$kubectl" get taloscluster demo -n "$ns" \
-      -o jsonpath='{range .status.conditions[*]}{.type}={.status} {end}' 2>/dev/null || true)
-    if [ "$now" != "$last" ]; then
-      printf '  %4ss  %s\n' "$(( $(date +%s) - started ))" "${now:-(no status yet)}"
-      last=$now
-    fi
-    case " $now" in *" Ready=True "*) break ;; esac
-    [ $(( $(date +%s) - started )) -ge "$timeout_s" ] && {
-      "$kubectl" get kontinuum -A >&2 || true
-      fail "TalosCluster demo not Ready after ${timeout_s}s (logs: $dir/logs, pods: $dir/hostlet)"
-    }
-    sleep 1
+  local addresses=() i
+  for i in $(seq 1 "$machines"); do
+    addresses+=(--talos-address "${first_machine%.*}.$(( ${first_machine##*.} + i - 1 ))")
   done
+  say "kubectl kontinuum zone add --region $region --zone $zone ${addresses[*]} --control-plane-replicas $machines --wait"
+  local started; started=$(date +%s)
+  "$target/kubectl-kontinuum" -n "$chart_ns" zone add --region "$region" --zone "$zone" \
+    "${addresses[@]}" --control-plane-replicas "$machines" --wait --timeout "${timeout_s}s" || {
+      "$target/kubectl-kontinuum" -n "$chart_ns" zone describe "$zone_name" >&2 || true
+      fail "zone $zone_name not Ready after ${timeout_s}s (logs: $dir/logs, pods: $dir/hostlet, machines: $dir/machines)"
+    }
   local ready_s=$(( $(date +%s) - started ))
-  "$kubectl" get secret taloscluster-demo -n "$ns" -o jsonpath='{.data.kubeconfig}' \
-    | base64 -d >"$dir/demo-cluster.kubeconfig"
-  "$kubectl" get kontinuum -n "$ns"
+  "$target/kubectl-kontinuum" -n "$chart_ns" zone describe "$zone_name"
+  "$target/kubectl-kontinuum" -n "$chart_ns" zone kubeconfig "$zone_name" --output "$dir/$zone_name.kubeconfig" >/dev/null
+  "$kubectl" get kontinuum -A
   cat <<EOF
 
-Kontinuum is running on a local hub, with a Talos cluster made from emulated machines:
-TalosCluster demo Ready ${ready_s}s after it was applied ($(( $(date +%s) - t0 ))s for the whole demo).
+Kontinuum is running on a local hub, with a zone built from emulated machines and joined:
+zone $zone_name Ready ${ready_s}s after \`zone add\` ($(( $(date +%s) - t0 ))s for the whole demo).
 
-  kubectl get kontinuum -A                      # every Kontinuum object
-  kubectl get kontinuums -n $chart_ns      # the registry's entry for this hub
-  kubectl get kontinuums.v1alpha1.kontinuum.sh -n $chart_ns   # the same, converted by its webhook
+  kubectl get kontinuum -A                      # every Kontinuum object, the zone's agent included
+  $target/kubectl-kontinuum -n $chart_ns zone describe $zone_name
+  kubectl get kontinuums.v1alpha1.kontinuum.sh -n $chart_ns   # the same, converted by the webhook
   kubectl get pods -n $chart_ns -o wide     # the operators, run by the hostlet as processes
-  kubectl --kubeconfig $dir/demo-cluster.kubeconfig get nodes   # the new cluster
-  kubectl delete taloscluster demo -n $ns           # machines back to maintenance mode
+  kubectl --kubeconfig $dir/$zone_name.kubeconfig get pods -n kontinuum-system   # the zone agent
+  $target/kubectl-kontinuum -n $chart_ns zone remove $zone_name --wait   # machines back to maintenance mode
   make demo-down                                # stop and remove everything
 
+The zone has no spec.domain here, so no Gateway or certificate is installed: its agent
+serves health, version and status inside the zone cluster only.
 Logs: $dir/logs (hub, hostlet, emulator), $dir/hostlet (each pod's output).
 kubectl is $kubectl; for the hub:
 export KUBECONFIG=$KUBECONFIG
 EOF
-}
-
-manifests() {
-  local workers=$((machines - 1)) i
-  cat <<EOF
-apiVersion: v1
-kind: Namespace
-metadata:
-  name: $ns
-EOF
-  for i in $(seq 1 "$machines"); do
-    local role=worker
-    [ "$i" = 1 ] && role=control-plane
-    cat <<EOF
----
-apiVersion: kontinuum.sh/v1alpha2
-kind: Instance
-metadata:
-  name: demo-m$i
-  namespace: $ns
-  labels: { kontinuum.sh/demo-role: $role }
-spec:
-  interfaces: ["${first_machine%.*}.$(( ${first_machine##*.} + i - 1 ))"]
-EOF
-  done
-  cat <<EOF
----
-apiVersion: kontinuum.sh/v1alpha2
-kind: InstancePool
-metadata: { name: demo-cp, namespace: $ns }
-spec:
-  replicas: 1
-  selector: { matchLabels: { kontinuum.sh/demo-role: control-plane } }
-EOF
-  if [ "$workers" -gt 0 ]; then
-    cat <<EOF
----
-apiVersion: kontinuum.sh/v1alpha2
-kind: InstancePool
-metadata: { name: demo-workers, namespace: $ns }
-spec:
-  replicas: $workers
-  selector: { matchLabels: { kontinuum.sh/demo-role: worker } }
-EOF
-  fi
-  cat <<EOF
----
-apiVersion: kontinuum.sh/v1alpha2
-kind: TalosCluster
-metadata: { name: demo, namespace: $ns }
-spec:
-  talos: { version: v1.13.0 }
-  controlPlane: { poolRef: { name: demo-cp } }
-EOF
-  if [ "$workers" -gt 0 ]; then
-    echo "  workers: [{ name: workers, poolRef: { name: demo-workers } }]"
-  fi
 }
 
 case "${1:-}" in

@@ -1,0 +1,32 @@
+-- Argo CD health check of kontinuum.sh/v1alpha2 TalosCluster, the part particular to the kind.
+-- generate.sh appends common.lua and writes the whole script into argocd-cm.yaml as the key
+-- resource.customizations.health.kontinuum.sh_TalosCluster.
+
+local kind = {
+  controller = "talos-bootstrapper",
+  gates = { "Bootstrapped", "KubeconfigAvailable", "ControlPlaneReady", "AddonsReady" },
+  -- Reasons only True conditions carry: Ready, Bootstrapped, KubeconfigAvailable, Healthy,
+  -- AddonsInstalled. TeardownDeadlineExceeded is an Event reason, never a condition's.
+  reasons = {
+    Reconciling = "Progressing",
+    WaitingForInstances = "Progressing",
+    StaleSecret = "Progressing",
+    Bootstrapping = "Progressing",
+    WaitingForCni = "Progressing",
+    AddonNotHealthy = "Progressing",
+    Deleting = "Progressing",
+    ResettingInstances = "Progressing",
+    SecretsBundleMissing = "Degraded",
+    UnsupportedTalosVersion = "Degraded",
+    ConfigFailed = "Degraded",
+    IdentityChanged = "Degraded",
+    BootstrapFailed = "Degraded",
+    Unhealthy = "Degraded",
+    AddonInstallFailed = "Degraded",
+  },
+  -- Reasons of Deleting that say resetting or releasing a member failed; it is retried until
+  -- the deadline the message names.
+  teardown_failed = { TeardownFailed = true },
+  -- A TalosCluster cannot be switched off.
+  suspended = nil,
+}
