@@ -194,7 +194,9 @@ pub struct Operator {
 
 impl Operator {
     /// Starts `bin` with `args` plus `--kubeconfig`, `--admin-addr` (a free loopback port)
-    /// and plain-text info logs, and waits until its `/readyz` answers 200.
+    /// and plain-text info logs, and waits until its `/readyz` answers 200. Unless `args`
+    /// say otherwise it runs without leader election (`--leader-elect=false`): one process
+    /// per test namespace, restarted at once after a kill without waiting out a Lease.
     pub async fn start(
         bin: &Path,
         name: &str,
@@ -225,6 +227,10 @@ impl Operator {
             .arg("--admin-addr")
             .arg(admin.to_string())
             .args(["--log-format", "text", "--log-level", "info"])
+            .args(
+                (!args.iter().any(|a| a.starts_with("--leader-elect")))
+                    .then_some("--leader-elect=false"),
+            )
             .args(args)
             .stdout(file.try_clone()?)
             .stderr(file)

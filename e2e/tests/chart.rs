@@ -1187,7 +1187,15 @@ fn a_disruption_budget_only_above_one_replica() {
     assert!(err.contains("leaderElection.enabled"), "{err}");
     let single = render(&[("leaderElection.enabled", "false")]);
     for op in OPERATORS {
-        assert!(!args(deployment(&single, op)).contains(&"--leader-elect".to_owned()));
+        let single_args = args(deployment(&single, op));
+        assert!(!single_args.contains(&"--leader-elect".to_owned()));
+        // The binaries elect by default, so the chart turns it off explicitly (etcd-proxy
+        // has no election to turn off).
+        assert_eq!(
+            single_args.contains(&"--leader-elect=false".to_owned()),
+            op != "etcd-proxy",
+            "{op}: {single_args:?}"
+        );
         assert!(
             !rbac_of(&single, "Role", op)
                 .iter()
@@ -1428,7 +1436,9 @@ fn rendered_flags_and_variables_are_ones_the_binaries_know() {
             assert!(
                 help.contains(&format!("{flag} "))
                     || help.contains(&format!("{flag}\n"))
-                    || help.contains(&format!("{flag} <")),
+                    || help.contains(&format!("{flag} <"))
+                    // A flag whose value is optional (`--leader-elect[=<LEADER_ELECT>]`).
+                    || help.contains(&format!("{flag}[=")),
                 "{op} does not take {flag}:\n{help}"
             );
         }

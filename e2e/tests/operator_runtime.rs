@@ -1,6 +1,7 @@
 //! The shared operator runtime against the real API server: status writes are skipped when
 //! nothing but timestamps changed (and `lastTransitionTime` moves only on a status flip),
-//! and leader election hands the Lease over when the leader stops.
+//! and leader election hands the Lease over when the leader stops; an operator binary elects
+//! a leader by default, in its pod's namespace (never a fixed one), and logs at `info`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -115,7 +116,7 @@ fn leader_args(ns: &str, identity: &str) -> LeaderArgs {
     LeaderArgs {
         leader_elect: true,
         lease_name: Some("e2e-operator".into()),
-        lease_namespace: ns.to_string(),
+        lease_namespace: Some(ns.to_string()),
         lease_duration_seconds: 4,
         identity: Some(identity.into()),
     }
@@ -139,6 +140,7 @@ async fn the_lease_moves_to_the_other_replica_when_the_leader_stops() {
                 identity.to_string(),
                 readiness.clone(),
                 shutdown.clone(),
+                None,
             )
             .await
             .unwrap();
@@ -195,6 +197,7 @@ async fn losing_the_lease_stops_the_process() {
         "replica-a".into(),
         readiness.clone(),
         shutdown.clone(),
+        None,
     )
     .await
     .unwrap();
@@ -225,4 +228,91 @@ async fn losing_the_lease_stops_the_process() {
         Some(Reason::Fatal("lost the leader lease".into()))
     );
     assert_eq!(readiness.check(), Err("not the leader"));
+}
+
+/// An operator binary with no leader-election flags (the defaults), as a process: it holds
+/// a Lease in the namespace it is given (`POD_NAMESPACE`, else the one it watches), logs at
+/// `info`, and refuses to start when no namespace for the Lease is known instead of
+/// falling back to a fixed one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_elects_a_leader_by_default_in_its_own_namespace() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kontinuum_e2e::workspace_binary;
+
+    let (client, shared) = shared_client().await.unwrap();
+    install_kontinuum_crds(&client).await.unwrap();
+    let ns = namespace(&client, "default-lease").await.unwrap();
+    let pod_ns = namespace(&client, "default-lease-pod").await.unwrap();
+    let bin = workspace_binary("pool-claimer").unwrap();
+    let dir = kontinuum_e2e::testbed::unique_dir("default-lease");
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |name: &str, args: &[&str], pod_namespace: Option<&str>| {
+        let port = kontinuum_e2e::testbed::free_port([127, 0, 0, 1].into()).unwrap();
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+        let mut cmd = tokio::process::Command::new(&bin);
+        cmd.arg("--kubeconfig")
+            .arg(&shared.kubeconfig_path)
+            .arg(format!("--admin-addr=127.0.0.1:{port}"))
+            .args(["--log-format", "text"])
+            .args(args)
+            .env_remove("POD_NAMESPACE")
+            .env_remove("KONTINUUM_LEADER_ELECT")
+            .env_remove("KONTINUUM_LOG_LEVEL")
+            .env("POD_NAME", name)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true);
+        if let Some(pod_namespace) = pod_namespace {
+            cmd.env("POD_NAMESPACE", pod_namespace);
+        }
+        cmd.spawn().unwrap()
+    };
+    let holder = |lease_ns: String| {
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_ns);
+        async move {
+            leases
+                .get_opt("pool-claimer")
+                .await
+                .unwrap()
+                .and_then(|l| l.spec?.holder_identity)
+        }
+    };
+
+    // Watching one namespace, no POD_NAMESPACE: the Lease is in the watched namespace.
+    let _watching = run("watching", &["--namespace", &ns], None);
+    eventually(
+        Duration::from_secs(60),
+        "a Lease in the watched namespace",
+        || async { Ok(holder(ns.clone()).await.as_deref() == Some("watching")) },
+    )
+    .await
+    .unwrap();
+    let log = std::fs::read_to_string(dir.join("watching.log")).unwrap();
+    assert!(log.contains("INFO"), "logs at info by default:\n{log}");
+
+    // POD_NAMESPACE wins over the watched namespace.
+    let _pod = run("in-pod", &["--namespace", &ns], Some(&pod_ns));
+    eventually(
+        Duration::from_secs(60),
+        "a Lease in the pod's namespace",
+        || async { Ok(holder(pod_ns.clone()).await.as_deref() == Some("in-pod")) },
+    )
+    .await
+    .unwrap();
+
+    // All namespaces and no POD_NAMESPACE: no namespace for the Lease, so it stops at start
+    // naming the variable (the old fallback was a fixed `kontinuum-system`).
+    let mut lost = run("nowhere", &[], None);
+    let status = tokio::time::timeout(Duration::from_secs(60), lost.wait())
+        .await
+        .expect("the binary did not stop")
+        .unwrap();
+    assert!(!status.success());
+    let log = std::fs::read_to_string(dir.join("nowhere.log")).unwrap();
+    assert!(log.contains("POD_NAMESPACE"), "{log}");
+    assert!(
+        holder("kontinuum-system".into()).await.as_deref() != Some("nowhere"),
+        "no Lease in a fixed namespace"
+    );
 }

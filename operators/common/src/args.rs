@@ -25,7 +25,7 @@ pub struct CommonArgs {
     pub admin_addr: SocketAddr,
 
     /// Log level.
-    #[arg(long, env = "KONTINUUM_LOG_LEVEL", value_enum, default_value_t = LogLevel::Warn)]
+    #[arg(long, env = "KONTINUUM_LOG_LEVEL", value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
 
     /// Log format.
@@ -40,17 +40,23 @@ pub struct CommonArgs {
 /// Leader election arguments.
 #[derive(Args, Clone, Debug)]
 pub struct LeaderArgs {
-    /// Act only while holding a coordination Lease, so that replicas never act at once.
-    #[arg(long, env = "KONTINUUM_LEADER_ELECT", default_value_t = false)]
+    /// Act only while holding a coordination Lease, so that replicas never act at once. On
+    /// by default (a rollout or a stuck node can briefly run two pods);
+    /// `--leader-elect=false` for a process that is known to run alone.
+    #[arg(long, env = "KONTINUUM_LEADER_ELECT", default_value_t = true,
+          action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
     pub leader_elect: bool,
 
     /// Name of the Lease; the operator's name when unset.
     #[arg(long, env = "KONTINUUM_LEASE_NAME")]
     pub lease_name: Option<String>,
 
-    /// Namespace of the Lease; the pod's namespace (`POD_NAMESPACE`).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "kontinuum-system")]
-    pub lease_namespace: String,
+    /// Namespace of the Lease: the pod's namespace (`POD_NAMESPACE`, from the downward
+    /// API). When unset: the in-cluster ServiceAccount's namespace, else the watched
+    /// namespace (`--namespace`); never a fixed name.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
 
     /// How long a Lease is valid without renewal, in seconds.
     #[arg(long, env = "KONTINUUM_LEASE_DURATION_SECONDS", default_value_t = 15,
@@ -60,6 +66,46 @@ pub struct LeaderArgs {
     /// This replica's identity in the Lease; the pod name (`POD_NAME`) or host name.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+}
+
+/// Where an in-cluster pod finds its own namespace (the ServiceAccount volume).
+pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
+    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// Leader election is on but no namespace for its Lease is known.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "leader election needs the Lease's namespace: set POD_NAMESPACE (the chart sets it from \
+     the pod) or --lease-namespace, or watch one namespace (--namespace), or turn election \
+     off with --leader-elect=false"
+)]
+pub struct NoLeaseNamespace;
+
+impl LeaderArgs {
+    /// The Lease's namespace: `--lease-namespace`/`POD_NAMESPACE`, else the namespace in
+    /// `service_account_file` (in-cluster), else `watched` (the one namespace the
+    /// operator watches).
+    pub fn namespace(
+        &self,
+        service_account_file: &std::path::Path,
+        watched: Option<&str>,
+    ) -> Result<String, NoLeaseNamespace> {
+        let nonempty = |s: &str| {
+            let s = s.trim();
+            (!s.is_empty()).then(|| s.to_owned())
+        };
+        self.lease_namespace
+            .as_deref()
+            .and_then(nonempty)
+            .or_else(|| {
+                std::fs::read_to_string(service_account_file)
+                    .ok()
+                    .as_deref()
+                    .and_then(nonempty)
+            })
+            .or_else(|| watched.and_then(nonempty))
+            .ok_or(NoLeaseNamespace)
+    }
 }
 
 /// Log levels, as in `KONTINUUM_LOG_LEVEL`.
@@ -173,11 +219,63 @@ mod tests {
     #[test]
     fn defaults_follow_the_reference() {
         let cli = Cli::try_parse_from(["op"]).unwrap();
-        assert_eq!(cli.common.log_level, LogLevel::Warn);
+        assert_eq!(cli.common.log_level, LogLevel::Info);
         assert_eq!(cli.common.log_format, LogFormat::Json);
         assert_eq!(cli.common.admin_addr.port(), 8080);
-        assert!(!cli.common.leader.leader_elect);
+        assert!(
+            cli.common.leader.leader_elect,
+            "leader election is on by default"
+        );
         assert!(cli.common.namespace.is_none());
+    }
+
+    #[test]
+    fn leader_election_can_be_turned_off_only_explicitly() {
+        let off = Cli::try_parse_from(["op", "--leader-elect=false"]).unwrap();
+        assert!(!off.common.leader.leader_elect);
+        let on = Cli::try_parse_from(["op", "--leader-elect"]).unwrap();
+        assert!(on.common.leader.leader_elect);
+        let on = Cli::try_parse_from(["op", "--leader-elect=true"]).unwrap();
+        assert!(on.common.leader.leader_elect);
+        let err = Cli::try_parse_from(["op", "--leader-elect=maybe"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("--leader-elect"), "{err}");
+    }
+
+    #[test]
+    fn the_lease_namespace_is_the_pods_never_a_fixed_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        let file = dir.path().join("namespace");
+        std::fs::write(&file, "from-service-account\n").unwrap();
+        let parse = |args: &[&str]| {
+            let mut all = vec!["op"];
+            all.extend_from_slice(args);
+            Cli::try_parse_from(all).unwrap().common.leader
+        };
+        let explicit = parse(&["--lease-namespace", "pods-ns"]);
+        assert_eq!(
+            explicit.namespace(&file, Some("watched")).unwrap(),
+            "pods-ns"
+        );
+        let unset = parse(&[]);
+        assert_eq!(
+            unset.namespace(&file, Some("watched")).unwrap(),
+            "from-service-account"
+        );
+        assert_eq!(
+            unset.namespace(&missing, Some("watched")).unwrap(),
+            "watched"
+        );
+        let err = unset.namespace(&missing, None).unwrap_err().to_string();
+        assert!(err.contains("POD_NAMESPACE"), "{err}");
+        let blank = parse(&["--lease-namespace", " "]);
+        assert!(
+            blank.namespace(&missing, None).is_err(),
+            "a blank value is unset"
+        );
     }
 
     #[test]

@@ -1,16 +1,28 @@
 //! Leader election on a coordination Lease (kube-lease-manager), so that two replicas of an
-//! operator never act at once. Single replica and no election is the default; with
-//! `--leader-elect` the controllers start only once this replica holds the Lease, `/readyz`
-//! follows the Lease, and losing the Lease (or the lease task dying) stops the process: a
-//! former leader must not keep acting on a stale view (the linkerd rule).
+//! operator never act at once. On by default (`--leader-elect=false` turns it off): the
+//! controllers start only once this replica holds the Lease, `/readyz` follows the Lease,
+//! and losing the Lease (or the lease task dying) stops the process: a former leader must
+//! not keep acting on a stale view (the linkerd rule). The Lease lives in the pod's own
+//! namespace ([`LeaderArgs::namespace`]), never in a fixed one.
 
 use kube::Client;
 use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::watch;
 
 use crate::admin::Readiness;
-use crate::args::LeaderArgs;
+use crate::args::{LeaderArgs, NoLeaseNamespace, SERVICE_ACCOUNT_NAMESPACE_FILE};
 use crate::shutdown::{Reason, Shutdown};
+
+/// Leader election could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    /// No namespace for the Lease.
+    #[error(transparent)]
+    Namespace(#[from] NoLeaseNamespace),
+    /// The lease manager could not be built.
+    #[error("starting the lease manager")]
+    Lease(#[source] LeaseManagerError),
+}
 
 /// Whether this replica may act.
 #[derive(Clone, Debug)]
@@ -32,7 +44,8 @@ impl Leadership {
     }
 
     /// Starts leader election as configured, or [`Leadership::always`] when disabled.
-    /// `default_name` names the Lease when `--lease-name` is unset.
+    /// `default_name` names the Lease when `--lease-name` is unset; `watched` is the one
+    /// namespace the operator watches, if any (the Lease's namespace of last resort).
     pub async fn start(
         client: Client,
         args: &LeaderArgs,
@@ -40,20 +53,24 @@ impl Leadership {
         identity: String,
         readiness: Readiness,
         shutdown: Shutdown,
-    ) -> Result<Self, LeaseManagerError> {
+        watched: Option<&str>,
+    ) -> Result<Self, LeaderError> {
         if !args.leader_elect {
             return Ok(Self::always(&readiness));
         }
+        let namespace = args.namespace(SERVICE_ACCOUNT_NAMESPACE_FILE.as_ref(), watched)?;
         let duration = args.lease_duration_seconds;
         let manager =
             LeaseManagerBuilder::new(client, args.lease_name.as_deref().unwrap_or(default_name))
-                .with_namespace(&args.lease_namespace)
+                .with_namespace(&namespace)
                 .with_identity(identity.clone())
                 .with_duration(duration)
                 .with_grace((duration / 3).max(1))
                 .with_field_manager(format!("{default_name}.kontinuum.sh/lease"))
                 .build()
-                .await?;
+                .await
+                .map_err(LeaderError::Lease)?;
+        tracing::info!(namespace = %namespace, identity = %identity, "electing a leader");
         let (mut lease_rx, mut task) = manager.watch().await;
         let (tx, rx) = watch::channel(false);
         tokio::spawn(async move {

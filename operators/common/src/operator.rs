@@ -44,7 +44,7 @@ pub enum OperatorError {
     Signals(#[source] std::io::Error),
     /// Leader election could not start.
     #[error("starting leader election")]
-    Leader(#[source] kube_lease_manager::LeaseManagerError),
+    Leader(#[source] crate::leader::LeaderError),
     /// The admin server failed.
     #[error("admin server")]
     Admin(#[source] std::io::Error),
@@ -90,6 +90,7 @@ where
         identity.clone(),
         readiness.clone(),
         shutdown.clone(),
+        args.namespace.as_deref(),
     )
     .await
     .map_err(OperatorError::Leader)?;

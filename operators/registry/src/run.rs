@@ -276,7 +276,7 @@ pub enum RunError {
     Oidc(#[source] OidcError),
     /// Leader election could not start.
     #[error("starting leader election")]
-    Leader(#[source] kube_lease_manager::LeaseManagerError),
+    Leader(#[source] kontinuum_operator_common::leader::LeaderError),
     /// Something the process cannot run without failed.
     #[error("stopped: {0}")]
     Fatal(String),
@@ -435,6 +435,7 @@ pub async fn hub(args: HubArgs) -> Result<(), RunError> {
         identity.clone(),
         readiness,
         shutdown.clone(),
+        Some(&args.namespace),
     )
     .await
     .map_err(RunError::Leader)?;
