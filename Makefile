@@ -9,7 +9,7 @@ TESTBED_BIN = $(shell bash e2e/testbed/build-tools.sh)
 
 .PHONY: demo demo-down help build test fmt fmt-check clippy crds testbed testbed-smoke unit fidelity bench kind-up
 
-demo: ## A local hub, the chart installed, emulated machines and a TalosCluster to Ready (leaves it running)
+demo: ## A local hub, the chart installed, an emulated machine, a zone to Ready with its endpoint over TLS (leaves it running)
 	bash scripts/demo.sh up
 
 demo-down: ## Stop and remove everything `make demo` started
