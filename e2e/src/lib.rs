@@ -21,6 +21,7 @@ pub use kontinuum_testbed as testbed;
 pub mod addons;
 pub mod bootstrapper;
 pub mod chart;
+pub mod zone;
 
 /// Field manager of everything the tests apply.
 pub const FIELD_MANAGER: &str = "kontinuum-e2e";

@@ -17,10 +17,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kontinuum_crds::conditions;
 use kontinuum_crds::labels::{CLAIMED_BY, IDENTITY_THUMBPRINT, REGION, ROTATE_IDENTITY, ZONE};
 use kontinuum_crds::names::seed_instance_name;
 use kontinuum_crds::v1alpha2::{Instance, InstancePool, Kontinuum, TalosCluster, Zone};
+use kontinuum_e2e::zone::{wait_zone_condition, zone_condition};
 use kontinuum_e2e::{
     Operator, audit_writes, eventually, install_kontinuum_crds, namespace,
     service_account_kubeconfig, service_account_user, shared_client,
@@ -102,23 +102,7 @@ async fn create_instance(
         .unwrap();
 }
 
-/// A Zone condition: `(status, reason, message)`.
-async fn condition(
-    client: &Client,
-    ns: &str,
-    zone: &str,
-    type_: &str,
-) -> Option<(String, String, String)> {
-    let z = Api::<Zone>::namespaced(client.clone(), ns)
-        .get_opt(zone)
-        .await
-        .ok()??;
-    z.status.and_then(|s| {
-        conditions::get(&s.conditions, type_)
-            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-    })
-}
-
+/// Waits for the Zone's condition and returns its message.
 async fn wait_condition(
     client: &Client,
     ns: &str,
@@ -127,18 +111,10 @@ async fn wait_condition(
     status: &str,
     reason: &str,
 ) -> String {
-    let what = format!("{zone} {type_}={status}/{reason}");
-    let result = eventually(LIMIT, &what, || async {
-        Ok(condition(client, ns, zone, type_)
-            .await
-            .is_some_and(|(s, r, _)| s == status && r == reason))
-    })
-    .await;
-    let last = condition(client, ns, zone, type_).await;
-    if let Err(e) = result {
-        panic!("{e}: last {last:?}");
-    }
-    last.map(|(_, _, m)| m).unwrap_or_default()
+    wait_zone_condition(client, ns, zone, (type_, status, reason), LIMIT)
+        .await
+        .unwrap()
+        .2
 }
 
 fn controller_owner(refs: &[OwnerReference]) -> Option<(&str, &str)> {
@@ -265,14 +241,14 @@ async fn fans_out_a_zone_adopts_refuses_and_takes_it_back_without_rewrites() {
         "TalosClusterNotFound",
     )
     .await;
-    let ready = condition(&client, &ns, "eu-c", "Ready").await.unwrap();
+    let ready = zone_condition(&client, &ns, "eu-c", "Ready").await.unwrap();
     assert_eq!(
         (ready.0.as_str(), ready.1.as_str()),
         ("False", "TalosClusterNotFound")
     );
     for c in ["Installed", "RegistryJoined"] {
         assert!(
-            condition(&client, &ns, "eu-c", c).await.is_some(),
+            zone_condition(&client, &ns, "eu-c", c).await.is_some(),
             "{c} written on the first visit"
         );
     }
@@ -626,7 +602,9 @@ async fn identity_is_issued_rotated_revoked_and_the_footprint_torn_down() {
     )
     .await;
     assert!(message.contains(ROTATE_IDENTITY), "{message}");
-    let ready = condition(&client, &ns, "eu-id", "Ready").await.unwrap();
+    let ready = zone_condition(&client, &ns, "eu-id", "Ready")
+        .await
+        .unwrap();
     assert_eq!(ready.1, "IdentityRevoked");
     assert!(
         hub_certificates(&client, &ns, "eu-id").await.is_none(),
@@ -728,7 +706,9 @@ async fn an_unreachable_zone_cluster_is_given_up_at_the_visible_deadline() {
         message.contains("the finalizer is removed anyway at"),
         "{message}"
     );
-    let ready = condition(&client, &ns, "eu-dead", "Ready").await.unwrap();
+    let ready = zone_condition(&client, &ns, "eu-dead", "Ready")
+        .await
+        .unwrap();
     assert_eq!((ready.0.as_str(), ready.1.as_str()), ("False", "Deleting"));
     eventually(
         LIMIT,

@@ -12,9 +12,13 @@
 //!    `https://<zone>.<region>.<domain>:<443+offset>/version` (connected to the stand-in's
 //!    listen IP, SNI = the host) verifies the certificate, issued for exactly that name,
 //!    against the test CA, and gets the agent's answer.
-//! 2. Two zones in two regions at once, from two emulated machines, both Ready; then zone
-//!    A's real identity (its key read from A's cluster) through an `etcd-proxy relay` reads
-//!    A's own registration but is refused (`PermissionDenied`) zone B's.
+//! 2. Two zones in two regions at once, from two emulated machines, both Ready: A with
+//!    `zone add --wait`, B the GitOps way (acceptance 2), its `zone add --dry-run=client -o
+//!    yaml` manifest applied with `kubectl apply`; re-applying it to the Ready zone writes
+//!    nothing (the API server's audit log shows no write to B's Zone, TalosCluster or
+//!    InstancePool by anyone over the window after it). Then zone A's real identity (its
+//!    key read from A's cluster) through an `etcd-proxy relay` reads A's own registration
+//!    but is refused (`PermissionDenied`) zone B's.
 //! 3. The hub in OIDC mode with a private issuer (an in-process `TestIssuer` whose serving
 //!    certificate chains to a test CA, given to the zone-installer as `--oidc-ca-file`):
 //!    the zone's agent gets the mode and that CA (ConfigMap `kontinuum-ca`, mounted), so the
@@ -38,6 +42,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::Timestamp;
 use kontinuum_auth::testing::{TestIssuer, TestKey};
 use kontinuum_crds::conditions;
 use kontinuum_crds::v1alpha2::{Kontinuum, Zone};
@@ -46,12 +51,13 @@ use kontinuum_e2e::addons::{
 };
 use kontinuum_e2e::bootstrapper::{start_operators, stored_kubeconfig};
 use kontinuum_e2e::testbed::{CertificateAuthority, Shared, Tools, free_port, unique_dir};
+use kontinuum_e2e::zone::{HubJoin, spawn_logged, wait_zone_condition, zone_condition};
 use kontinuum_e2e::{
-    Operator, eventually, install_kontinuum_crds, namespace, service_account_kubeconfig,
-    shared_client, workspace_binary,
+    AuditEvent, Operator, eventually, install_kontinuum_crds, namespace,
+    service_account_kubeconfig, shared_client, workspace_binary,
 };
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt as _};
 use serde_json::json;
 use talos_emulator::{Emulator, Settings};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -67,26 +73,9 @@ const STANDIN_CONTROLLER: &str = "kontinuum.sh/gateway-standin";
 /// The zone's namespace in its cluster.
 const SYSTEM: &str = "kontinuum-system";
 
-/// Spawns `bin args`, logging to `<dir>/<name>.log`, killed when dropped.
+/// [`spawn_logged`], which must start.
 fn spawn(dir: &Path, name: &str, bin: &Path, args: &[String], env: &[(&str, &str)]) -> Child {
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-    Command::new(bin)
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
-}
-
-async fn listening(addr: SocketAddr, what: &str) {
-    eventually(LIMIT, what, || async {
-        Ok(tokio::net::TcpStream::connect(addr).await.is_ok())
-    })
-    .await
-    .unwrap();
+    spawn_logged(dir, name, bin, args, env).unwrap()
 }
 
 /// The hub side of one test: its namespace, the Kontinuum store (etcd), the public
@@ -104,7 +93,7 @@ struct Hub {
     /// The store's client URL.
     store: String,
     emulator: Emulator,
-    _processes: Vec<Child>,
+    _join: HubJoin,
     _operators: Vec<Operator>,
     _repo: ChartRepo,
 }
@@ -133,77 +122,12 @@ impl Hub {
         let ns = namespace(&client, prefix).await.unwrap();
         let dir = unique_dir(prefix);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut processes = Vec::new();
-
-        let etcd_port = free_port(LOOPBACK).unwrap();
-        let peer_port = free_port(LOOPBACK).unwrap();
-        let store = format!("http://127.0.0.1:{etcd_port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        processes.push(spawn(
-            &dir,
-            "etcd",
-            &shared.tools.path("etcd"),
-            &[
-                "--name=default".into(),
-                format!("--data-dir={}", dir.join("etcd").display()),
-                format!("--listen-client-urls={store}"),
-                format!("--advertise-client-urls={store}"),
-                format!("--listen-peer-urls={peer}"),
-                format!("--initial-advertise-peer-urls={peer}"),
-                format!("--initial-cluster=default={peer}"),
-                "--unsafe-no-fsync=true".into(),
-            ],
-            &[],
-        ));
-        listening(SocketAddr::new(LOOPBACK, etcd_port), "etcd").await;
-        let ca = CertificateAuthority::generate(&format!("{prefix}-proxy-ca")).unwrap();
-        let serving = ca.server("etcd-proxy", &[LOOPBACK], &[]).unwrap();
-        let (proxy_ca, cert_file, key_file) = (
-            dir.join("proxy-ca.crt"),
-            dir.join("proxy.crt"),
-            dir.join("proxy.key"),
+        let join = HubJoin::start(shared, &dir, &ns, &[]).await.unwrap();
+        let (proxy, proxy_ca, store) = (
+            join.proxy,
+            join.proxy_ca.clone(),
+            join.store.endpoint.clone(),
         );
-        std::fs::write(&proxy_ca, &ca.cert_pem).unwrap();
-        std::fs::write(&cert_file, &serving.cert_pem).unwrap();
-        std::fs::write(&key_file, &serving.key_pem).unwrap();
-        let proxy = SocketAddr::new(LOOPBACK, free_port(LOOPBACK).unwrap());
-        let admin = || format!("--admin-addr=127.0.0.1:{}", free_port(LOOPBACK).unwrap());
-        processes.push(spawn(
-            &dir,
-            "etcd-proxy",
-            &workspace_binary("etcd-proxy").unwrap(),
-            &[
-                "serve".into(),
-                format!("--listen={proxy}"),
-                format!("--store={store}"),
-                format!("--tls-cert={}", cert_file.display()),
-                format!("--tls-key={}", key_file.display()),
-                format!("--namespace={ns}"),
-                format!("--kubeconfig={}", shared.kubeconfig_path.display()),
-                admin(),
-                "--log-format=text".into(),
-                "--log-level=info".into(),
-            ],
-            &[],
-        ));
-        listening(proxy, "etcd-proxy serve").await;
-        processes.push(spawn(
-            &dir,
-            "registry-hub",
-            &workspace_binary("registry").unwrap(),
-            &[
-                "hub".into(),
-                format!("--kubeconfig={}", shared.kubeconfig_path.display()),
-                format!("--namespace={ns}"),
-                "--name=hub".into(),
-                format!("--store={store}"),
-                admin(),
-                format!("--webhook-addr=127.0.0.1:{}", free_port(LOOPBACK).unwrap()),
-                "--log-format=text".into(),
-                "--log-level=info".into(),
-            ],
-            &[("KONTINUUM_INSECURE_ALLOW_ANONYMOUS", "true")],
-        ));
 
         // The machines, in maintenance mode; bootstrapped clusters get hostlet nodes that
         // run our image's binaries (the zone agent and its relay) for real.
@@ -289,7 +213,7 @@ impl Hub {
             proxy_ca,
             store,
             emulator,
-            _processes: processes,
+            _join: join,
             _operators: operators,
             _repo: repo,
         }
@@ -323,6 +247,84 @@ impl Hub {
         )
     }
 
+    /// The Zone manifest a GitOps repository holds for the zone: `kubectl-kontinuum zone add
+    /// ... --dry-run=client -o yaml`, which writes nothing.
+    async fn manifest(&self, region: &str, zone: &str, address: Ipv4Addr) -> String {
+        let out = Command::new(workspace_binary("kubectl-kontinuum").unwrap())
+            .arg(format!(
+                "--kubeconfig={}",
+                self.shared.kubeconfig_path.display()
+            ))
+            .arg(format!("--namespace={}", self.ns))
+            .args(["zone", "add", "--dry-run=client", "-o", "yaml"])
+            .arg(format!("--region={region}"))
+            .arg(format!("--zone={zone}"))
+            .arg(format!("--talos-address={address}"))
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `kubectl apply -f -` of `manifest`, as the test bed's admin (a GitOps tool's apply):
+    /// kubectl's output.
+    async fn kubectl_apply(&self, manifest: &str) -> String {
+        let mut child = Command::new(self.shared.tools.path("kubectl"))
+            .arg(format!(
+                "--kubeconfig={}",
+                self.shared.kubeconfig_path.display()
+            ))
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(manifest.as_bytes()).await.unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().await.unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "kubectl apply: {text}");
+        text
+    }
+
+    /// Waits for the Zone `name` to be `Ready=True`.
+    async fn ready(&self, name: &str) {
+        wait_zone_condition(
+            &self.client,
+            &self.ns,
+            name,
+            ("Ready", "True", "Ready"),
+            LIMIT,
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Every write in the test bed's audit log (it records writes only) received at or
+    /// after `since` whose URI contains one of `needles`: `verb uri (user)`.
+    fn writes_since(&self, since: Timestamp, needles: &[String]) -> Vec<String> {
+        let text = std::fs::read_to_string(self.shared.audit_log()).unwrap();
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<AuditEvent>(line).ok())
+            .filter(|e| {
+                e.request_received_timestamp
+                    .parse::<Timestamp>()
+                    .is_ok_and(|t| t >= since)
+            })
+            .filter(|e| needles.iter().any(|n| e.request_u_r_i.contains(n.as_str())))
+            .map(|e| format!("{} {} ({})", e.verb, e.request_u_r_i, e.user.username))
+            .collect()
+    }
+
     /// Waits for `zone add` to exit and asserts it exited 0 with the Zone Ready.
     async fn added(&self, mut plugin: Child, name: &str) {
         let status = tokio::time::timeout(LIMIT + Duration::from_secs(30), plugin.wait())
@@ -344,14 +346,7 @@ impl Hub {
     }
 
     async fn condition(&self, name: &str, type_: &str) -> Option<(String, String, String)> {
-        let zone = Api::<Zone>::namespaced(self.client.clone(), &self.ns)
-            .get_opt(name)
-            .await
-            .ok()??;
-        zone.status.and_then(|s| {
-            conditions::get(&s.conditions, type_)
-                .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-        })
+        zone_condition(&self.client, &self.ns, name, type_).await
     }
 
     /// The zone cluster's kubeconfig, once the bootstrapper stored it.
@@ -898,23 +893,60 @@ async fn two_zones_in_two_regions_are_ready_and_confined_to_their_own_keys() {
     let (a, b) = (("eu", "a"), ("us", "b"));
     let (name_a, name_b) = (format!("{}-{}", a.0, a.1), format!("{}-{}", b.0, b.1));
 
-    // Both at once, each with its own machine.
+    // Both at once, each with its own machine: A with `zone add --wait`, B the GitOps way
+    // (acceptance 2): the plugin's dry-run manifest, applied by kubectl.
     let started = Instant::now();
     let plugin_a = hub.zone_add(a.0, a.1, first, &[]);
-    let plugin_b = hub.zone_add(b.0, b.1, second, &[]);
+    let manifest_b = hub.manifest(b.0, b.1, second).await;
+    let zones = Api::<Zone>::namespaced(hub.client.clone(), &hub.ns);
+    assert!(
+        zones.get_opt(&name_b).await.unwrap().is_none(),
+        "a dry run writes nothing"
+    );
+    let applied = hub.kubectl_apply(&manifest_b).await;
+    assert!(
+        applied.contains(&format!("zone.kontinuum.sh/{name_b} created")),
+        "{applied}"
+    );
     let (ready_a, ready_b) = tokio::join!(
         async {
             hub.added(plugin_a, &name_a).await;
             started.elapsed()
         },
         async {
-            hub.added(plugin_b, &name_b).await;
+            hub.ready(&name_b).await;
             started.elapsed()
         }
     );
     hub.heartbeating(a.0, a.1).await;
     hub.heartbeating(b.0, b.1).await;
-    let zones = Api::<Zone>::namespaced(hub.client.clone(), &hub.ns);
+
+    // Re-applying the manifest to the Ready zone is a no-op: in the audit log, no request
+    // to B's Zone, TalosCluster or InstancePool from kubectl or from anything it could
+    // have woken (the zone-installer, the bootstrapper), over a window after it.
+    let before = zones.get(&name_b).await.unwrap();
+    let since = Timestamp::now();
+    let again = hub.kubectl_apply(&manifest_b).await;
+    assert!(
+        again.contains(&format!("zone.kontinuum.sh/{name_b} unchanged")),
+        "{again}"
+    );
+    // An absence is observed over an interval: what the re-apply could trigger happens
+    // within milliseconds (the zone-installer reacts to a Zone change in ~20 ms).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let writes = hub.writes_since(
+        since,
+        &[
+            format!("/zones/{name_b}"),
+            format!("/talosclusters/{name_b}"),
+            format!("/instancepools/{name_b}"),
+        ],
+    );
+    assert_eq!(writes, Vec::<String>::new(), "re-applying wrote");
+    assert_eq!(
+        zones.get(&name_b).await.unwrap().resource_version(),
+        before.resource_version()
+    );
     let thumbprint = |z: Zone| z.status.and_then(|s| s.identity_thumbprint).unwrap();
     assert_ne!(
         thumbprint(zones.get(&name_a).await.unwrap()),

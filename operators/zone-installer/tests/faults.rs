@@ -21,13 +21,12 @@
     clippy::too_many_lines
 )]
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
-use kontinuum_crds::conditions;
 use kontinuum_crds::labels::{CLAIMED_BY, IDENTITY_THUMBPRINT, ROTATE_IDENTITY};
 use kontinuum_crds::names::seed_instance_name;
 use kontinuum_crds::v1alpha2::{Instance, Kontinuum, TalosCluster, Zone};
@@ -35,9 +34,8 @@ use kontinuum_e2e::addons::{
     ADDON_INSTALLER_ROLE, ChartRepo, install_addon_installer_role, start_addon_installer,
 };
 use kontinuum_e2e::bootstrapper::{start_bootstrapper, start_operators, stored_kubeconfig};
-use kontinuum_e2e::testbed::{
-    CertificateAuthority, ControlPlane, HostletConfig, Shared, Tools, free_port, unique_dir,
-};
+use kontinuum_e2e::testbed::{ControlPlane, HostletConfig, Shared, Tools, unique_dir};
+use kontinuum_e2e::zone::{HubJoin, wait_zone_condition, zone_condition};
 use kontinuum_e2e::{
     Operator, eventually, http_get, install_kontinuum_crds, namespace, service_account_kubeconfig,
     shared_client, workspace_binary,
@@ -46,12 +44,10 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::json;
 use talos_emulator::{Emulator, Mode, Settings};
-use tokio::process::{Child, Command};
 use zone_installer::{footprint, identity};
 
 /// Bound of every wait: generous, the machine is shared with other builds and tests.
 const LIMIT: Duration = Duration::from_secs(300);
-const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 /// How often the zone agent rewrites its registration (`registry zone`'s default; the
 /// footprint sets none).
 const AGENT_HEARTBEAT: Duration = Duration::from_secs(10);
@@ -66,27 +62,6 @@ const AGENT_BACKOFF_SECONDS: u64 = 60;
 /// a zone control plane on a shared two-core machine).
 static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Spawns `bin args`, logging to `<dir>/<name>.log`, killed when dropped.
-fn spawn(dir: &Path, name: &str, bin: &Path, args: &[String], env: &[(&str, &str)]) -> Child {
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-    Command::new(bin)
-        .args(args)
-        .envs(env.iter().copied())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
-}
-
-async fn listening(addr: SocketAddr, what: &str) {
-    eventually(LIMIT, what, || async {
-        Ok(tokio::net::TcpStream::connect(addr).await.is_ok())
-    })
-    .await
-    .unwrap();
-}
-
 /// The hub's side of a zone join: the Kontinuum store (etcd), `etcd-proxy serve` in front
 /// of it (TLS from a test CA) and `registry hub` mirroring registrations, all processes.
 struct Hub {
@@ -96,90 +71,21 @@ struct Hub {
     proxy_admin: SocketAddr,
     /// The CA of the proxy's serving certificate (the zone-installer's `--proxy-ca-file`).
     ca_file: PathBuf,
-    _processes: Vec<Child>,
+    _join: HubJoin,
 }
 
 impl Hub {
     async fn start(shared: &Shared, ns: &str, dir: &Path, ttl_seconds: u64) -> Self {
-        let etcd_port = free_port(LOOPBACK).unwrap();
-        let peer_port = free_port(LOOPBACK).unwrap();
-        let store = format!("http://127.0.0.1:{etcd_port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        let etcd = spawn(
-            dir,
-            "etcd",
-            &shared.tools.path("etcd"),
-            &[
-                "--name=default".into(),
-                format!("--data-dir={}", dir.join("etcd").display()),
-                format!("--listen-client-urls={store}"),
-                format!("--advertise-client-urls={store}"),
-                format!("--listen-peer-urls={peer}"),
-                format!("--initial-advertise-peer-urls={peer}"),
-                format!("--initial-cluster=default={peer}"),
-                "--unsafe-no-fsync=true".into(),
-            ],
-            &[],
-        );
-        listening(SocketAddr::new(LOOPBACK, etcd_port), "etcd").await;
-        let ca = CertificateAuthority::generate("zone-faults-proxy-ca").unwrap();
-        let serving = ca.server("etcd-proxy", &[LOOPBACK], &[]).unwrap();
-        let (ca_file, cert_file, key_file) = (
-            dir.join("proxy-ca.crt"),
-            dir.join("proxy.crt"),
-            dir.join("proxy.key"),
-        );
-        std::fs::write(&ca_file, &ca.cert_pem).unwrap();
-        std::fs::write(&cert_file, &serving.cert_pem).unwrap();
-        std::fs::write(&key_file, &serving.key_pem).unwrap();
-        let proxy = SocketAddr::new(LOOPBACK, free_port(LOOPBACK).unwrap());
-        let proxy_admin = SocketAddr::new(LOOPBACK, free_port(LOOPBACK).unwrap());
-        let kubeconfig = format!("--kubeconfig={}", shared.kubeconfig_path.display());
-        let etcd_proxy = spawn(
-            dir,
-            "etcd-proxy",
-            &workspace_binary("etcd-proxy").unwrap(),
-            &[
-                "serve".into(),
-                format!("--listen={proxy}"),
-                format!("--store={store}"),
-                format!("--tls-cert={}", cert_file.display()),
-                format!("--tls-key={}", key_file.display()),
-                format!("--namespace={ns}"),
-                kubeconfig.clone(),
-                format!("--admin-addr={proxy_admin}"),
-                "--log-format=text".into(),
-                "--log-level=info".into(),
-            ],
-            &[],
-        );
-        listening(proxy, "etcd-proxy serve").await;
-        let registry_admin = SocketAddr::new(LOOPBACK, free_port(LOOPBACK).unwrap());
-        let registry = spawn(
-            dir,
-            "registry-hub",
-            &workspace_binary("registry").unwrap(),
-            &[
-                "hub".into(),
-                kubeconfig,
-                format!("--namespace={ns}"),
-                "--name=hub".into(),
-                format!("--store={store}"),
-                format!("--ttl-seconds={ttl_seconds}"),
-                "--heartbeat-seconds=5".into(),
-                format!("--admin-addr={registry_admin}"),
-                format!("--webhook-addr=127.0.0.1:{}", free_port(LOOPBACK).unwrap()),
-                "--log-format=text".into(),
-                "--log-level=info".into(),
-            ],
-            &[("KONTINUUM_INSECURE_ALLOW_ANONYMOUS", "true")],
-        );
-        listening(registry_admin, "registry hub").await;
+        let registry = [
+            format!("--ttl-seconds={ttl_seconds}"),
+            "--heartbeat-seconds=5".to_owned(),
+        ];
+        let join = HubJoin::start(shared, dir, ns, &registry).await.unwrap();
         Self {
-            proxy,
-            proxy_admin,
-            ca_file,
-            _processes: vec![etcd, etcd_proxy, registry],
+            proxy: join.proxy,
+            proxy_admin: join.proxy_admin,
+            ca_file: join.proxy_ca.clone(),
+            _join: join,
         }
     }
 
@@ -227,37 +133,11 @@ async fn start_zone_installer(
     .unwrap()
 }
 
-async fn condition(
-    client: &Client,
-    ns: &str,
-    zone: &str,
-    type_: &str,
-) -> Option<(String, String, String)> {
-    let zone = Api::<Zone>::namespaced(client.clone(), ns)
-        .get_opt(zone)
-        .await
-        .ok()??;
-    zone.status.and_then(|s| {
-        conditions::get(&s.conditions, type_)
-            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-    })
-}
-
 /// Waits until the Zone's condition `type_` has `status` (and `reason`, when given).
 async fn wait(client: &Client, ns: &str, zone: &str, type_: &str, status: &str, reason: &str) {
-    let result = eventually(
-        LIMIT,
-        &format!("Zone {zone} {type_}={status}/{reason}"),
-        || async {
-            Ok(condition(client, ns, zone, type_)
-                .await
-                .is_some_and(|(s, r, _)| s == status && (reason.is_empty() || r == reason)))
-        },
-    )
-    .await;
-    if let Err(e) = result {
-        panic!("{e}: last {:?}", condition(client, ns, zone, type_).await);
-    }
+    wait_zone_condition(client, ns, zone, (type_, status, reason), LIMIT)
+        .await
+        .unwrap();
 }
 
 async fn zone_status(
@@ -482,7 +362,7 @@ async fn a_killed_zone_agent_turns_registry_joined_false_at_the_ttl_and_true_onc
     )
     .await;
     let lapsed = killed.elapsed();
-    let (ready, reason, _) = condition(&client, &ns, name, "Ready").await.unwrap();
+    let (ready, reason, _) = zone_condition(&client, &ns, name, "Ready").await.unwrap();
     assert_eq!(
         (ready.as_str(), reason.as_str()),
         ("False", "WaitingForRegistry")
@@ -851,7 +731,7 @@ async fn operators_killed_at_fixed_points_of_add_and_remove_converge_with_one_bo
 
     // 4. The zone-installer, once its teardown has started.
     eventually(LIMIT, "the Zone Deleting", || async {
-        Ok(condition(&client, &ns, NAME, "Deleting")
+        Ok(zone_condition(&client, &ns, NAME, "Deleting")
             .await
             .is_some_and(|(s, _, _)| s == "True"))
     })

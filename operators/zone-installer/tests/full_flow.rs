@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
-use kontinuum_crds::conditions;
 use kontinuum_crds::labels::{CLAIMED_BY, IDENTITY_THUMBPRINT};
 use kontinuum_crds::names::seed_instance_name;
 use kontinuum_crds::v1alpha2::{Instance, TalosCluster, Zone};
@@ -27,6 +26,7 @@ use kontinuum_e2e::addons::{
 };
 use kontinuum_e2e::bootstrapper::{start_operators, stored_kubeconfig};
 use kontinuum_e2e::testbed::{Tools, unique_dir};
+use kontinuum_e2e::zone::wait_zone_condition;
 use kontinuum_e2e::{
     Operator, eventually, install_kontinuum_crds, namespace, service_account_kubeconfig,
     shared_client, workspace_binary,
@@ -38,29 +38,13 @@ use zone_installer::identity;
 
 const LIMIT: Duration = Duration::from_secs(300);
 
-async fn condition(client: &Client, ns: &str, type_: &str) -> Option<(String, String, String)> {
-    let zone = Api::<Zone>::namespaced(client.clone(), ns)
-        .get_opt("eu-flow")
-        .await
-        .ok()??;
-    zone.status.and_then(|s| {
-        conditions::get(&s.conditions, type_)
-            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-    })
-}
-
+/// Waits for the Zone's condition `type_` to be `status`: its `(reason, message)`.
 async fn wait(client: &Client, ns: &str, type_: &str, status: &str) -> (String, String) {
-    let result = eventually(LIMIT, &format!("Zone {type_}={status}"), || async {
-        Ok(condition(client, ns, type_)
+    let (_, reason, message) =
+        wait_zone_condition(client, ns, "eu-flow", (type_, status, ""), LIMIT)
             .await
-            .is_some_and(|(s, _, _)| s == status))
-    })
-    .await;
-    let last = condition(client, ns, type_).await;
-    if let Err(e) = result {
-        panic!("{e}: last {last:?}");
-    }
-    last.map(|(_, r, m)| (r, m)).unwrap_or_default()
+            .unwrap();
+    (reason, message)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

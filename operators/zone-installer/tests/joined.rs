@@ -13,71 +13,28 @@
     clippy::too_many_lines
 )]
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kontinuum_crds::conditions;
 use kontinuum_crds::v1alpha2::{Kontinuum, TalosCluster, Zone};
-use kontinuum_e2e::testbed::{CertificateAuthority, HostletConfig, free_port, unique_dir};
+use kontinuum_e2e::testbed::{HostletConfig, unique_dir};
+use kontinuum_e2e::zone::{HubJoin, wait_zone_condition};
 use kontinuum_e2e::{
-    Operator, eventually, install_kontinuum_crds, namespace, service_account_kubeconfig,
-    shared_client, workspace_binary,
+    Operator, install_kontinuum_crds, namespace, service_account_kubeconfig, shared_client,
+    workspace_binary,
 };
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::json;
-use tokio::process::{Child, Command};
 
 const LIMIT: Duration = Duration::from_secs(120);
-const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
-/// Spawns `bin args`, logging to `<dir>/<name>.log`, killed when dropped.
-fn spawn(dir: &Path, name: &str, bin: &Path, args: &[String], env: &[(&str, &str)]) -> Child {
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-    Command::new(bin)
-        .args(args)
-        .envs(env.iter().copied())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
-}
-
-async fn listening(addr: SocketAddr, what: &str) {
-    eventually(LIMIT, what, || async {
-        Ok(tokio::net::TcpStream::connect(addr).await.is_ok())
-    })
-    .await
-    .unwrap();
-}
-
-async fn condition(client: &Client, ns: &str, type_: &str) -> Option<(String, String, String)> {
-    let zone = Api::<Zone>::namespaced(client.clone(), ns)
-        .get_opt("eu-joined")
-        .await
-        .ok()??;
-    zone.status.and_then(|s| {
-        conditions::get(&s.conditions, type_)
-            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-    })
-}
-
+/// Waits for the Zone's condition `type_` to be `status`/`reason`.
 async fn wait(client: &Client, ns: &str, type_: &str, status: &str, reason: &str) {
-    let result = eventually(
-        LIMIT,
-        &format!("Zone {type_}={status}/{reason}"),
-        || async {
-            Ok(condition(client, ns, type_)
-                .await
-                .is_some_and(|(s, r, _)| s == status && r == reason))
-        },
-    )
-    .await;
-    if let Err(e) = result {
-        panic!("{e}: last {:?}", condition(client, ns, type_).await);
-    }
+    wait_zone_condition(client, ns, "eu-joined", (type_, status, reason), LIMIT)
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,75 +46,8 @@ async fn the_installed_agent_heartbeats_through_the_proxy_and_the_zone_is_ready(
     std::fs::create_dir_all(&dir).unwrap();
 
     // The hub's store (etcd), its public proxy (TLS from a test CA), its registry.
-    let etcd_port = free_port(LOOPBACK).unwrap();
-    let peer_port = free_port(LOOPBACK).unwrap();
-    let store = format!("http://127.0.0.1:{etcd_port}");
-    let peer = format!("http://127.0.0.1:{peer_port}");
-    let _etcd = spawn(
-        &dir,
-        "etcd",
-        &shared.tools.path("etcd"),
-        &[
-            "--name=default".into(),
-            format!("--data-dir={}", dir.join("etcd").display()),
-            format!("--listen-client-urls={store}"),
-            format!("--advertise-client-urls={store}"),
-            format!("--listen-peer-urls={peer}"),
-            format!("--initial-advertise-peer-urls={peer}"),
-            format!("--initial-cluster=default={peer}"),
-            "--unsafe-no-fsync=true".into(),
-        ],
-        &[],
-    );
-    listening(SocketAddr::new(LOOPBACK, etcd_port), "etcd").await;
-    let ca = CertificateAuthority::generate("zone-joined-proxy-ca").unwrap();
-    let serving = ca.server("etcd-proxy", &[LOOPBACK], &[]).unwrap();
-    let (ca_file, cert_file, key_file) = (
-        dir.join("proxy-ca.crt"),
-        dir.join("proxy.crt"),
-        dir.join("proxy.key"),
-    );
-    std::fs::write(&ca_file, &ca.cert_pem).unwrap();
-    std::fs::write(&cert_file, &serving.cert_pem).unwrap();
-    std::fs::write(&key_file, &serving.key_pem).unwrap();
-    let proxy = SocketAddr::new(LOOPBACK, free_port(LOOPBACK).unwrap());
-    let admin = |p: u16| format!("--admin-addr=127.0.0.1:{p}");
-    let _proxy = spawn(
-        &dir,
-        "etcd-proxy",
-        &workspace_binary("etcd-proxy").unwrap(),
-        &[
-            "serve".into(),
-            format!("--listen={proxy}"),
-            format!("--store={store}"),
-            format!("--tls-cert={}", cert_file.display()),
-            format!("--tls-key={}", key_file.display()),
-            format!("--namespace={ns}"),
-            format!("--kubeconfig={}", shared.kubeconfig_path.display()),
-            admin(free_port(LOOPBACK).unwrap()),
-            "--log-format=text".into(),
-            "--log-level=info".into(),
-        ],
-        &[],
-    );
-    listening(proxy, "etcd-proxy serve").await;
-    let _registry = spawn(
-        &dir,
-        "registry-hub",
-        &workspace_binary("registry").unwrap(),
-        &[
-            "hub".into(),
-            format!("--kubeconfig={}", shared.kubeconfig_path.display()),
-            format!("--namespace={ns}"),
-            "--name=hub".into(),
-            format!("--store={store}"),
-            admin(free_port(LOOPBACK).unwrap()),
-            format!("--webhook-addr=127.0.0.1:{}", free_port(LOOPBACK).unwrap()),
-            "--log-format=text".into(),
-            "--log-level=info".into(),
-        ],
-        &[("KONTINUUM_INSECURE_ALLOW_ANONYMOUS", "true")],
-    );
+    let hub = HubJoin::start(shared, &dir, &ns, &[]).await.unwrap();
+    let (proxy, ca_file) = (hub.proxy, hub.proxy_ca.clone());
 
     // The zone cluster: one hostlet node runs our image's binaries for real.
     let mut zone_cluster = kontinuum_e2e::addons::downstream_cluster(&shared.tools, "zone-joined")
