@@ -140,7 +140,11 @@ pub fn describe_tree(zone: &Zone, objects: &ZoneObjects, now: Timestamp) -> Node
         node.label.push_str(" (registry entry)");
         children.push(node);
     }
-    Node::object("Zone", zone, zone_conds, now).with_children(children)
+    let mut node = Node::object("Zone", zone, zone_conds, now);
+    if let Some(endpoint) = zone.status.as_ref().and_then(|s| s.endpoint.as_deref()) {
+        let _ = write!(node.label, " (https://{endpoint})");
+    }
+    node.with_children(children)
 }
 
 fn cluster_node(cluster: &TalosCluster, objects: &ZoneObjects, now: Timestamp) -> Node {
@@ -658,6 +662,21 @@ mod tests {
             column(lines[0], "False"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_zone_line_names_its_endpoint_once_published() {
+        let mut published = zone(ConditionStatus::True, "Ready");
+        let tree = describe_tree(&published, &ZoneObjects::default(), now());
+        assert_eq!(
+            tree.label, "Zone eu-a",
+            "no endpoint before the status has one"
+        );
+        if let Some(status) = published.status.as_mut() {
+            status.endpoint = Some("a.eu.example.com".into());
+        }
+        let tree = describe_tree(&published, &ZoneObjects::default(), now());
+        assert_eq!(tree.label, "Zone eu-a (https://a.eu.example.com)");
     }
 
     #[test]
