@@ -3,7 +3,8 @@
 //! the zone-installer, discovered, claimed and bootstrapped into a real zone control plane
 //! by instance-discovery, pool-claimer and talos-bootstrapper, its addons installed by the
 //! addon-installer (fixture charts through the chart mirror), and then the zone-installer
-//! installs the footprint into that zone cluster; deleting the Zone takes it all back.
+//! installs the footprint into that zone cluster; then, idle, none of the five operators
+//! writes anything over 60 s (the audit log); deleting the Zone takes it all back.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -28,8 +29,8 @@ use kontinuum_e2e::bootstrapper::{start_operators, stored_kubeconfig};
 use kontinuum_e2e::testbed::{Tools, unique_dir};
 use kontinuum_e2e::zone::wait_zone_condition;
 use kontinuum_e2e::{
-    Operator, eventually, install_kontinuum_crds, namespace, service_account_kubeconfig,
-    shared_client, workspace_binary,
+    Operator, audit_writes, eventually, install_kontinuum_crds, namespace,
+    service_account_kubeconfig, service_account_user, shared_client, workspace_binary,
 };
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client, ResourceExt as _};
@@ -206,6 +207,61 @@ async fn a_zone_manifest_becomes_an_installed_zone_and_goes_away() {
         .unwrap();
     let cert = identity::certificates(&held["tls.crt"].0).remove(0);
     assert_eq!(identity::thumbprint(&cert), thumbprint);
+
+    // Idle (issue 14, deliverable 6): with the cluster Ready and the zone installed, none of
+    // the five operators writes anything over 60 s (the API server's audit log, each as its
+    // own ServiceAccount). First the writes of reaching this state must have settled: no
+    // write by any of them for 5 s.
+    let log = shared.audit_log();
+    let users: Vec<String> = [
+        "instance-discovery",
+        "pool-claimer",
+        "talos-bootstrapper",
+        "addon-installer",
+        "zone-installer",
+    ]
+    .iter()
+    .map(|name| service_account_user(&ns, name))
+    .collect();
+    let counts = || -> Vec<usize> {
+        users
+            .iter()
+            .map(|u| audit_writes(&log, u).unwrap().len())
+            .collect()
+    };
+    let mut settled = (Instant::now(), counts());
+    eventually(LIMIT, "no operator writing for 5 s", || {
+        let now = counts();
+        if now != settled.1 {
+            settled = (Instant::now(), now);
+        }
+        let quiet = settled.0.elapsed() >= Duration::from_secs(5);
+        async move { Ok(quiet) }
+    })
+    .await
+    .unwrap();
+    let before = counts();
+    assert!(
+        before.iter().all(|n| *n > 0),
+        "each operator wrote as its own ServiceAccount: {before:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await; // the measurement window itself
+    for (user, before) in users.iter().zip(&before) {
+        let writes = audit_writes(&log, user).unwrap();
+        eprintln!(
+            "idle: {user}: {before} writes to converge, {} during 60 idle seconds",
+            writes.len() - before
+        );
+        assert_eq!(
+            writes.len(),
+            *before,
+            "{user} wrote while idle: {:#?}",
+            writes[*before..]
+                .iter()
+                .map(|e| (&e.verb, &e.request_u_r_i))
+                .collect::<Vec<_>>()
+        );
+    }
 
     // Remove: the footprint gone, the machine back in maintenance mode, the Instance
     // released (not deleted: unregisterInstances is unset), the hub objects gone.
