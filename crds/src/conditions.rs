@@ -3,7 +3,8 @@
 //! copy of it).
 //!
 //! * [`new`] builds a condition; [`set`] merges it into a list so that `lastTransitionTime`
-//!   moves only when the status flips.
+//!   moves only when the status flips. Both cap the message at [`MESSAGE_LIMIT`]
+//!   characters ([`cap_message`]), so no controller can write a longer one.
 //! * [`ready`] computes a kind's `Ready` summary from its gating conditions.
 //! * [`eq_ignoring_time`] and [`status_eq_ignoring_time`] tell whether a status write is
 //!   needed at all.
@@ -23,6 +24,21 @@ pub const DELETING: &str = "Deleting";
 
 /// The reason of a condition that has not been evaluated yet.
 pub const RECONCILING: &str = "Reconciling";
+
+/// The most characters a condition message (or an Event note) may have (STYLE 3.3).
+pub const MESSAGE_LIMIT: usize = 256;
+
+/// Cuts `message` to at most [`MESSAGE_LIMIT`] characters, on a char boundary, ending a cut
+/// message with `…`. A message within the limit is returned unchanged.
+pub fn cap_message(mut message: String) -> String {
+    if let Some((cut, _)) = message.char_indices().nth(MESSAGE_LIMIT - 1)
+        && message[cut..].chars().nth(1).is_some()
+    {
+        message.truncate(cut);
+        message.push('…');
+    }
+    message
+}
 
 /// The status of a condition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -76,7 +92,7 @@ pub trait HasConditions {
 }
 
 /// Builds a condition. Its `lastTransitionTime` is a placeholder (the Unix epoch): [`set`]
-/// stamps the real one.
+/// stamps the real one. The message is capped by [`cap_message`].
 pub fn new(
     type_: impl AsRef<str>,
     status: ConditionStatus,
@@ -88,7 +104,7 @@ pub fn new(
         type_: type_.as_ref().to_owned(),
         status: status.as_str().to_owned(),
         reason: reason.as_ref().to_owned(),
-        message: message.into(),
+        message: cap_message(message.into()),
         observed_generation,
         last_transition_time: Time(Timestamp::UNIX_EPOCH),
     }
@@ -122,9 +138,11 @@ pub fn set_deleting<G: AsRef<str>>(
 /// Merges `condition` into `conditions`, replacing the entry of the same type.
 ///
 /// `lastTransitionTime` becomes `now` when the condition is new or its status changed, and
-/// is kept otherwise, even if the reason, message or observed generation changed. Returns
-/// whether anything other than a timestamp changed.
+/// is kept otherwise, even if the reason, message or observed generation changed. The
+/// message is capped by [`cap_message`] (a condition may have been built without [`new`]).
+/// Returns whether anything other than a timestamp changed.
 pub fn set(conditions: &mut Vec<Condition>, mut condition: Condition, now: &Time) -> bool {
+    condition.message = cap_message(std::mem::take(&mut condition.message));
     match conditions.iter_mut().find(|c| c.type_ == condition.type_) {
         None => {
             condition.last_transition_time = now.clone();
@@ -293,6 +311,29 @@ mod tests {
             "msg",
             Some(generation),
         )
+    }
+
+    #[test]
+    fn messages_are_capped_on_a_char_boundary() {
+        let short = "é".repeat(MESSAGE_LIMIT);
+        assert_eq!(cap_message(short.clone()), short, "at the limit: unchanged");
+
+        let long = format!("{}{}", "a".repeat(MESSAGE_LIMIT - 2), "ééé");
+        let capped = cap_message(long);
+        assert_eq!(capped.chars().count(), MESSAGE_LIMIT);
+        assert!(capped.ends_with("aé…"), "{capped}");
+
+        let built = new(READY, False, RECONCILING, "x".repeat(10_000), None);
+        assert_eq!(built.message.chars().count(), MESSAGE_LIMIT);
+        assert!(built.message.ends_with('…'));
+
+        // A condition built by hand is capped when it is set.
+        let mut raw = installed(False, ZoneReason::InstallFailed, 1);
+        raw.message = "ü".repeat(1000);
+        let mut conditions = Vec::new();
+        set(&mut conditions, raw, &at(1));
+        assert_eq!(conditions[0].message.chars().count(), MESSAGE_LIMIT);
+        assert!(conditions[0].message.ends_with('…'));
     }
 
     #[test]

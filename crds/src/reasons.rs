@@ -154,6 +154,11 @@ vocabulary! {
         TalosClusterDeleteFailed,
         /// Teardown gave up at its deadline and removed the finalizer (Event reason).
         TeardownDeadlineExceeded,
+        /// The operator's RBAC refuses a call it needs (an API 403 from the hub or the
+        /// zone cluster); the message names the verb and resource when known. Retried with
+        /// the normal backoff (a Role fix needs no spec change), but reported as this rather
+        /// than as waiting.
+        Forbidden,
     }
 }
 
@@ -233,6 +238,11 @@ vocabulary! {
         /// `Deleting=True`: resetting the machine failed; retried until the deadline in the
         /// message.
         ResetFailed,
+        /// The operator's RBAC refuses a call it needs (an API 403 from the hub or the
+        /// zone cluster); the message names the verb and resource when known. Retried with
+        /// the normal backoff (a Role fix needs no spec change), but reported as this rather
+        /// than as waiting.
+        Forbidden,
     }
 }
 
@@ -280,6 +290,11 @@ vocabulary! {
         ReleaseFailed,
         /// `Deleting=True`, `Ready=False`: the pool is releasing its Instances.
         Deleting,
+        /// The operator's RBAC refuses a call it needs (an API 403 from the hub or the
+        /// zone cluster); the message names the verb and resource when known. Retried with
+        /// the normal backoff (a Role fix needs no spec change), but reported as this rather
+        /// than as waiting.
+        Forbidden,
     }
 }
 
@@ -370,6 +385,11 @@ vocabulary! {
         TeardownFailed,
         /// Teardown gave up at its deadline and removed the finalizer (Event reason).
         TeardownDeadlineExceeded,
+        /// The operator's RBAC refuses a call it needs (an API 403 from the hub or the
+        /// zone cluster); the message names the verb and resource when known. Retried with
+        /// the normal backoff (a Role fix needs no spec change), but reported as this rather
+        /// than as waiting.
+        Forbidden,
     }
 }
 
@@ -423,6 +443,11 @@ vocabulary! {
         Deleting,
         /// `Deleting=True`: uninstalling failed; retried until the deadline in the message.
         UninstallFailed,
+        /// The operator's RBAC refuses a call it needs (an API 403 from the hub or the
+        /// zone cluster); the message names the verb and resource when known. Retried with
+        /// the normal backoff (a Role fix needs no spec change), but reported as this rather
+        /// than as waiting.
+        Forbidden,
     }
 }
 

@@ -16,6 +16,8 @@ local kind = {
     Deleting = "Progressing",
     Disabled = "Suspended",
     InstallFailed = "Degraded",
+    -- The operator's RBAC refuses a call it needs: a person must fix its Role.
+    Forbidden = "Degraded",
   },
   -- Reasons of Deleting that say uninstalling the release failed; it is retried until the
   -- deadline the message names.

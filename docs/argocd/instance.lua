@@ -23,6 +23,8 @@ local kind = {
     Deleting = "Progressing",
     Resetting = "Progressing",
     NoInterfaces = "Degraded",
+    -- The operator's RBAC refuses a call it needs: a person must fix its Role.
+    Forbidden = "Degraded",
     ProbeFailed = "Degraded",
     IdentityChanged = "Degraded",
     ConfigRejected = "Degraded",

@@ -15,6 +15,8 @@ local kind = {
     InsufficientCapacity = "Progressing",
     Deleting = "Progressing",
     ClaimFailed = "Degraded",
+    -- The operator's RBAC refuses a call it needs: a person must fix its Role.
+    Forbidden = "Degraded",
     InvalidSelector = "Degraded",
   },
   -- Reasons of Deleting that say releasing an Instance failed (retried).

@@ -17,6 +17,8 @@ local kind = {
     Deleting = "Progressing",
     ResettingInstances = "Progressing",
     SecretsBundleMissing = "Degraded",
+    -- The operator's RBAC refuses a call it needs: a person must fix its Role.
+    Forbidden = "Degraded",
     UnsupportedTalosVersion = "Degraded",
     ConfigFailed = "Degraded",
     IdentityChanged = "Degraded",

@@ -17,6 +17,8 @@ local kind = {
     WaitingForRegistry = "Progressing",
     Deleting = "Progressing",
     FanOutFailed = "Degraded",
+    -- The operator's RBAC refuses a call it needs: a person must fix its Role.
+    Forbidden = "Degraded",
     SeedInstanceClaimed = "Degraded",
     NoStorageSecretFound = "Degraded",
     NoAuthMode = "Degraded",

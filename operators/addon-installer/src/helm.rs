@@ -8,7 +8,9 @@
 //!   reaches helm (the environment is cleared).
 //! * Helm's cache, config and data directories live under one writable directory, so helm
 //!   works on a read-only root filesystem.
-//! * A failure keeps helm's stderr in the error.
+//! * A failure keeps the end of helm's stderr in the error's `stderr` field, never in its
+//!   `Display`: helm can echo chart values there, and `Display` reaches condition messages,
+//!   Events and info+ logs. The stderr is logged once, at debug, where the call fails.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -64,8 +66,9 @@ pub enum HelmError {
         /// The limit.
         timeout: Duration,
     },
-    /// helm exited non-zero.
-    #[error("helm {verb} failed ({status}): {stderr}")]
+    /// helm exited non-zero. The message names the call and its exit status only; helm's
+    /// output (which may hold values) is in `stderr` and the operator's debug log.
+    #[error("helm {verb} failed ({status}); the operator's log has helm's output")]
     Failed {
         /// The helm command.
         verb: &'static str,
@@ -368,10 +371,13 @@ impl Helm {
             "helm finished"
         );
         if !output.status.success() {
+            let stderr = tail(&String::from_utf8_lossy(&output.stderr), STDERR_LIMIT);
+            // Debug only: helm's output may echo values.
+            tracing::debug!(verb, stderr = %stderr, "helm failed");
             return Err(HelmError::Failed {
                 verb,
                 status: output.status.to_string(),
-                stderr: tail(&String::from_utf8_lossy(&output.stderr), STDERR_LIMIT),
+                stderr,
             });
         }
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
@@ -623,9 +629,16 @@ env > "$out.env""#,
         );
         let helm = Helm::new(&bin, dir.path().join("home"), Duration::from_secs(10));
         let err = helm.template(&request(), "v1.37.0").await.unwrap_err();
+        let HelmError::Failed { stderr, .. } = &err else {
+            panic!("{err}");
+        };
+        assert!(stderr.contains("chart \"nope\" not found"), "{stderr}");
+        // helm's output may echo values: never in the text that reaches conditions.
+        let text = kontinuum_operator_common::error::chain(&err);
+        assert!(!text.contains("nope"), "{text}");
         assert!(
-            err.to_string().contains("chart \"nope\" not found"),
-            "{err}"
+            text.starts_with("helm template failed (exit status: 1)"),
+            "{text}"
         );
 
         let pidfile = dir.path().join("pid");

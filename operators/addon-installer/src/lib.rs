@@ -41,7 +41,9 @@ use kontinuum_crds::v1alpha2::{
 };
 use kontinuum_operator_common::admin::{Readiness, track_sync};
 use kontinuum_operator_common::backoff::{Backoff, object_key};
-use kontinuum_operator_common::error::{ReconcileError, chain, retry_after_backoff};
+use kontinuum_operator_common::error::{
+    FORBIDDEN, ReconcileError, chain, forbidden, retry_after_backoff,
+};
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
@@ -222,7 +224,7 @@ pub enum Error {
     #[error("{0} timed out")]
     Timeout(String),
     /// helm failed.
-    #[error("helm")]
+    #[error("running helm")]
     Helm(#[source] HelmError),
     /// The rendered chart could not be read.
     #[error("reading the rendered chart")]
@@ -240,6 +242,9 @@ pub enum Error {
 
 impl ReconcileError for Error {
     fn reason(&self) -> &'static str {
+        if forbidden(self).is_some() {
+            return FORBIDDEN;
+        }
         match self {
             Error::ReadSecret { .. } => Reason::WaitingForKubeconfig.as_str(),
             Error::Downstream(_) | Error::Timeout(_) | Error::Helm(_) | Error::Render(_) => {
@@ -266,6 +271,8 @@ pub enum Outcome {
     WaitingForDependency(String),
     /// Resolution, install or uninstall failed.
     InstallFailed(String),
+    /// The hub's or the zone cluster's RBAC refused a call (an API 403); retried.
+    Forbidden(String),
     /// Installed at the desired state; health as probed.
     Installed {
         /// What is installed, e.g. `revision 3 of cilium-1.20.1`.
@@ -334,13 +341,13 @@ fn set_outcome(status: &mut AddonStatus, outcome: &Outcome, generation: Option<i
                 not_probed,
             );
         }
-        Outcome::InstallFailed(m) => {
-            set(
-                Cond::Installed,
-                ConditionStatus::False,
-                Reason::InstallFailed,
-                m,
-            );
+        Outcome::InstallFailed(m) | Outcome::Forbidden(m) => {
+            let reason = if matches!(outcome, Outcome::Forbidden(_)) {
+                Reason::Forbidden
+            } else {
+                Reason::InstallFailed
+            };
+            set(Cond::Installed, ConditionStatus::False, reason, m);
             set(
                 Cond::Healthy,
                 ConditionStatus::Unknown,
@@ -633,6 +640,7 @@ async fn write_status(
             } else if matches!(
                 outcome,
                 Outcome::InstallFailed(_)
+                    | Outcome::Forbidden(_)
                     | Outcome::Installed {
                         health: Health::NotHealthy(_) | Health::CrdsNotReady(_),
                         ..
@@ -681,7 +689,16 @@ impl From<HelmError> for Error {
 async fn apply(addon: &Addon, ctx: &Ctx) -> Result<Action, Error> {
     let key = object_key(addon);
     // 1. observe: the cluster and its kubeconfig.
-    let access = access(addon, ctx).await?;
+    let access = match access(addon, ctx).await {
+        Ok(access) => access,
+        Err(err) => {
+            // An RBAC refusal is shown as such, not as waiting for the kubeconfig.
+            if let Some(message) = forbidden(&err) {
+                write_status(addon, ctx, &Outcome::Forbidden(message), None).await?;
+            }
+            return Err(err);
+        }
+    };
     if !addon.spec.enabled {
         return disable(addon, ctx, &access).await;
     }
@@ -733,10 +750,20 @@ async fn apply(addon: &Addon, ctx: &Ctx) -> Result<Action, Error> {
             }))
         }
         Err(err) => {
-            let message = chain(&err);
-            write_status(addon, ctx, &Outcome::InstallFailed(message), target).await?;
+            let outcome = failed(&err, &format!("release {}", request.release));
+            write_status(addon, ctx, &outcome, target).await?;
             Err(err)
         }
+    }
+}
+
+/// What a failed install or uninstall reports: `Forbidden` for an RBAC refusal, otherwise
+/// `InstallFailed` with `context` (what was being done) and the error chain. Helm's own
+/// output is never in the chain (see [`HelmError`]).
+fn failed(err: &Error, context: &str) -> Outcome {
+    match forbidden(err) {
+        Some(message) => Outcome::Forbidden(message),
+        None => Outcome::InstallFailed(format!("{context}: {}", chain(err))),
     }
 }
 
@@ -986,8 +1013,11 @@ fn may_be_installed(addon: &Addon) -> bool {
         return false;
     };
     status.chart_version.is_some()
-        || conditions::get(&status.conditions, Cond::Installed)
-            .is_some_and(|c| c.status == "True" || c.reason == Reason::InstallFailed.as_str())
+        || conditions::get(&status.conditions, Cond::Installed).is_some_and(|c| {
+            c.status == "True"
+                || c.reason == Reason::InstallFailed.as_str()
+                || c.reason == Reason::Forbidden.as_str()
+        })
 }
 
 async fn disable(addon: &Addon, ctx: &Ctx, access: &Access) -> Result<Action, Error> {
@@ -997,8 +1027,8 @@ async fn disable(addon: &Addon, ctx: &Ctx, access: &Access) -> Result<Action, Er
             (&target, access)
     {
         if let Err(err) = uninstall(ctx, kubeconfig, release, namespace, *method).await {
-            let message = format!("uninstalling the disabled release failed: {}", chain(&err));
-            write_status(addon, ctx, &Outcome::InstallFailed(message), None).await?;
+            let outcome = failed(&err, "uninstalling the disabled release failed");
+            write_status(addon, ctx, &outcome, None).await?;
             return Err(err);
         }
         ctx.events
@@ -1115,13 +1145,16 @@ async fn cleanup(addon: &Addon, ctx: &Ctx) -> Result<Action, Error> {
             Ok(Action::await_change())
         }
         Err(err) => {
-            let desired = deleting(
-                Reason::UninstallFailed,
-                format!(
-                    "uninstalling release {release} failed: {}{until}",
-                    chain(&err)
+            let desired = match forbidden(&err) {
+                Some(message) => deleting(Reason::Forbidden, format!("{message}{until}")),
+                None => deleting(
+                    Reason::UninstallFailed,
+                    format!(
+                        "uninstalling release {release} failed: {}{until}",
+                        chain(&err)
+                    ),
                 ),
-            );
+            };
             // Best effort: the Addon may already be gone.
             let _ = apply_status(&api, &name, FIELD_MANAGER, addon.status.as_ref(), &desired).await;
             Err(err)

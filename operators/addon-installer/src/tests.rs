@@ -213,6 +213,58 @@ fn installed_and_healthy_is_ready_and_failures_name_their_reason() {
     );
     let off = Outcome::Disabled("spec.enabled is false".into());
     assert_eq!(ready_of(&status(&a, &off, None, &at(10))).1, "Disabled");
+    let refused = Outcome::Forbidden("forbidden: the operator may not get secrets".into());
+    let refused = status(&a, &refused, None, &at(10));
+    assert_eq!(ready_of(&refused).1, "Forbidden");
+    assert_eq!(
+        conditions::get(&refused.conditions, "Installed").map(|c| c.reason.as_str()),
+        Some("Forbidden")
+    );
+}
+
+#[test]
+fn a_403_is_reported_as_forbidden_and_helm_output_stays_out() {
+    let api = |code| {
+        kube::Error::Api(
+            kube::core::Status::failure(
+                "secrets \"c1-kubeconfig\" is forbidden: User \"u\" cannot get resource \
+                 \"secrets\" in API group \"\" in the namespace \"k\"",
+                "Forbidden",
+            )
+            .with_code(code)
+            .boxed(),
+        )
+    };
+    let refused = Error::ReadSecret {
+        secret: "c1-kubeconfig".into(),
+        source: api(403),
+    };
+    assert_eq!(refused.reason(), "Forbidden", "not WaitingForKubeconfig");
+    assert_eq!(
+        failed(&refused, "release cilium"),
+        Outcome::Forbidden(
+            "forbidden: the operator may not get secrets; its RBAC needs fixing".into()
+        )
+    );
+    let other = Error::ReadSecret {
+        secret: "c1-kubeconfig".into(),
+        source: api(500),
+    };
+    assert_eq!(other.reason(), "WaitingForKubeconfig");
+
+    let helm = Error::Helm(crate::helm::HelmError::Failed {
+        verb: "upgrade",
+        status: "exit status: 1".into(),
+        stderr: "Error: values don't meet the specifications: password=hunter2".into(),
+    });
+    let Outcome::InstallFailed(message) = failed(&helm, "release cilium") else {
+        panic!("not InstallFailed");
+    };
+    assert_eq!(
+        message,
+        "release cilium: running helm: helm upgrade failed (exit status: 1); the operator's \
+         log has helm's output"
+    );
 }
 
 #[test]

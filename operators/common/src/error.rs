@@ -24,11 +24,16 @@ pub trait ReconcileError: std::error::Error + Send + Sync + 'static {
 }
 
 /// Whether a Kubernetes API error is worth retrying: conflicts, throttling, timeouts,
-/// server errors and transport failures are; validation and permission errors are not.
+/// server errors and transport failures are; validation errors are not.
+///
+/// A 403 is [`ErrorClass::Transient`]: RBAC is fixed by changing a Role or binding, not the
+/// object's spec, so waiting for a spec change would wedge the object after the fix. It is
+/// retried with the normal (slowing) backoff and reported with reason `Forbidden` (see
+/// [`forbidden`]) rather than a waiting reason, so a human sees what to fix.
 pub fn kube_error_class(err: &kube::Error) -> ErrorClass {
     match err {
         kube::Error::Api(status) => match status.code {
-            400 | 401 | 403 | 404 | 405 | 410 | 415 | 422 => ErrorClass::Permanent,
+            400 | 401 | 404 | 405 | 410 | 415 | 422 => ErrorClass::Permanent,
             _ => ErrorClass::Transient,
         },
         kube::Error::SerdeError(_) => ErrorClass::Permanent,
@@ -70,6 +75,55 @@ pub fn chain(err: &dyn std::error::Error) -> String {
     out
 }
 
+/// The condition and Event reason of an RBAC refusal: every kind's reason vocabulary in
+/// `crds::reasons` has a `Forbidden` token of this name.
+pub const FORBIDDEN: &str = "Forbidden";
+
+/// If a Kubernetes API 403 (from the hub or a zone cluster) is in `err` or its sources, the
+/// message to report it with (reason [`FORBIDDEN`]): it names the verb and resource when
+/// the API server said them, and holds nothing else of the server's text.
+pub fn forbidden(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if let Some(kube::Error::Api(status)) = e.downcast_ref::<kube::Error>()
+            && status.code == 403
+        {
+            return Some(forbidden_message(status));
+        }
+        current = e.source();
+    }
+    None
+}
+
+fn forbidden_message(status: &kube::core::Status) -> String {
+    // The API server says `... cannot <verb> resource "<resource>" in API group ...`.
+    let said = status.message.split_once(" cannot ").and_then(|(_, rest)| {
+        let mut words = rest.split_whitespace();
+        let verb = words.next()?;
+        let resource = match (words.next(), words.next()) {
+            (Some("resource"), Some(resource)) => resource.trim_matches('"'),
+            _ => return None,
+        };
+        let plain = |s: &str| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '/'))
+        };
+        (plain(verb) && plain(resource)).then(|| format!("{verb} {resource}"))
+    });
+    let what = said.or_else(|| {
+        status
+            .details
+            .as_ref()
+            .filter(|d| !d.kind.is_empty())
+            .map(|d| format!("access {}", d.kind))
+    });
+    match what {
+        Some(what) => format!("forbidden: the operator may not {what}; its RBAC needs fixing"),
+        None => "forbidden by the API server; the operator's RBAC needs fixing".to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +150,59 @@ mod tests {
         assert_eq!(kube_error_class(&api(409)), ErrorClass::Transient);
         assert_eq!(kube_error_class(&api(500)), ErrorClass::Transient);
         assert_eq!(kube_error_class(&api(422)), ErrorClass::Permanent);
-        assert_eq!(kube_error_class(&api(403)), ErrorClass::Permanent);
+        // RBAC is fixed without a spec change: retried, not awaited.
+        assert_eq!(kube_error_class(&api(403)), ErrorClass::Transient);
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("patching the Addon status")]
+    struct Patch(#[source] kube::Error);
+
+    #[test]
+    fn a_403_anywhere_in_the_chain_is_forbidden() {
+        let status = kube::core::Status::failure(
+            "addons.kontinuum.sh \"cilium\" is forbidden: User \"system:serviceaccount:k:addon\" \
+             cannot patch resource \"addons/status\" in API group \"kontinuum.sh\" in the \
+             namespace \"k\"",
+            "Forbidden",
+        )
+        .with_code(403);
+        let err = Patch(kube::Error::Api(status.boxed()));
+        assert_eq!(
+            forbidden(&err).as_deref(),
+            Some("forbidden: the operator may not patch addons/status; its RBAC needs fixing")
+        );
+
+        let vague = Patch(kube::Error::Api(
+            kube::core::Status::failure("no", "Forbidden")
+                .with_code(403)
+                .boxed(),
+        ));
+        assert_eq!(
+            forbidden(&vague).as_deref(),
+            Some("forbidden by the API server; the operator's RBAC needs fixing")
+        );
+
+        let conflict = Patch(kube::Error::Api(
+            kube::core::Status::failure("conflict", "Conflict")
+                .with_code(409)
+                .boxed(),
+        ));
+        assert_eq!(forbidden(&conflict), None);
+        assert_eq!(forbidden(&std::io::Error::other("x")), None);
+    }
+
+    #[test]
+    fn every_kind_has_the_forbidden_reason() {
+        use kontinuum_crds::reasons::*;
+        for token in [
+            AddonReason::Forbidden.as_str(),
+            InstanceReason::Forbidden.as_str(),
+            InstancePoolReason::Forbidden.as_str(),
+            TalosClusterReason::Forbidden.as_str(),
+            ZoneReason::Forbidden.as_str(),
+        ] {
+            assert_eq!(token, FORBIDDEN);
+        }
     }
 }

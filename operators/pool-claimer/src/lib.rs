@@ -25,7 +25,9 @@ use kontinuum_crds::v1alpha2::{Instance, InstancePool, InstancePoolStatus};
 use kontinuum_operator_common::admin::{Readiness, track_sync};
 use kontinuum_operator_common::backoff::{Backoff, object_key};
 use kontinuum_operator_common::claims::set_claim;
-use kontinuum_operator_common::error::{ErrorClass, ReconcileError, chain, retry_after_backoff};
+use kontinuum_operator_common::error::{
+    ErrorClass, FORBIDDEN, ReconcileError, chain, forbidden, retry_after_backoff,
+};
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
@@ -104,6 +106,9 @@ pub enum Error {
 
 impl ReconcileError for Error {
     fn reason(&self) -> &'static str {
+        if forbidden(self).is_some() {
+            return FORBIDDEN;
+        }
         match self {
             Error::Selector(_) => Reason::InvalidSelector.as_str(),
             Error::ListClaimed(_) => "ListFailed",
@@ -255,7 +260,16 @@ pub async fn reconcile(pool: Arc<InstancePool>, ctx: Arc<Ctx>) -> Result<Action,
     let pools: Api<InstancePool> = Api::namespaced(ctx.client.clone(), &ns);
     let action = finalizer(&pools, FINALIZER, pool, |event| async {
         match event {
-            FinalizerEvent::Apply(pool) => apply(&pool, &ctx).await,
+            FinalizerEvent::Apply(pool) => {
+                let result = apply(&pool, &ctx).await;
+                if let Err(err) = &result
+                    && let Some(message) = forbidden(err)
+                {
+                    // Shown as an RBAC problem; retried with the normal backoff.
+                    write_failure(&pool, &pools, Reason::Forbidden, &message).await?;
+                }
+                result
+            }
             FinalizerEvent::Cleanup(pool) => cleanup(&pool, &ctx).await,
         }
     })
@@ -277,7 +291,7 @@ async fn apply(pool: &InstancePool, ctx: &Ctx) -> Result<Action, Error> {
 
     let selector = match Selector::try_from(pool.spec.selector.clone()) {
         Ok(selector) => selector,
-        Err(source) => return invalid_selector(pool, &pools, source).await,
+        Err(source) => return invalid_selector(pool, &pools, &ctx.events, source).await,
     };
 
     // 1. observe: the pool's claims fresh from the API (the count must be exact), the
@@ -378,28 +392,37 @@ async fn apply(pool: &InstancePool, ctx: &Ctx) -> Result<Action, Error> {
     Ok(Action::requeue(if short { WAIT } else { RESYNC }))
 }
 
-async fn invalid_selector(
+/// The pool's status with `Claimed` and `Ready` False for `reason`.
+fn failure_status(
     pool: &InstancePool,
-    pools: &Api<InstancePool>,
-    source: kube::core::ParseExpressionError,
-) -> Result<Action, Error> {
-    let err = Error::Selector(source);
+    reason: Reason,
+    message: &str,
+    now: &Time,
+) -> InstancePoolStatus {
     let generation = pool.metadata.generation;
-    let now = now();
     let mut desired = pool.status.clone().unwrap_or_default();
     for c in [Cond::Claimed, Cond::Ready] {
         conditions::set(
             &mut desired.conditions,
-            conditions::new(
-                c,
-                ConditionStatus::False,
-                Reason::InvalidSelector,
-                chain(&err),
-                generation,
-            ),
-            &now,
+            conditions::new(c, ConditionStatus::False, reason, message, generation),
+            now,
         );
     }
+    desired
+}
+
+/// Writes [`failure_status`]; returns whether the conditions changed (an Event is due).
+async fn write_failure(
+    pool: &InstancePool,
+    pools: &Api<InstancePool>,
+    reason: Reason,
+    message: &str,
+) -> Result<bool, Error> {
+    let desired = failure_status(pool, reason, message, &now());
+    let changed = pool
+        .status
+        .as_ref()
+        .is_none_or(|s| !conditions::eq_ignoring_time(&s.conditions, &desired.conditions));
     apply_status(
         pools,
         &pool.name_any(),
@@ -409,10 +432,32 @@ async fn invalid_selector(
     )
     .await
     .map_err(Error::PatchStatus)?;
+    Ok(changed)
+}
+
+async fn invalid_selector(
+    pool: &InstancePool,
+    pools: &Api<InstancePool>,
+    events: &Events,
+    source: kube::core::ParseExpressionError,
+) -> Result<Action, Error> {
+    let err = Error::Selector(source);
+    let message = chain(&err);
+    let changed = write_failure(pool, pools, Reason::InvalidSelector, &message).await?;
     warn!(
         error = &err as &dyn std::error::Error,
         "pool has an invalid selector"
     );
+    if changed {
+        events
+            .warning(
+                &pool.object_ref(&()),
+                Reason::InvalidSelector.as_str(),
+                "Claim",
+                message,
+            )
+            .await;
+    }
     // Permanent: wait for the spec to change.
     Ok(Action::await_change())
 }

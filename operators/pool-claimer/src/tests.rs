@@ -192,3 +192,37 @@ fn instance_events_map_to_matching_and_claiming_pools_only() {
     mapped.sort();
     assert_eq!(mapped, ["a", "b", "c"]);
 }
+
+#[test]
+fn a_403_is_reported_as_forbidden() {
+    let status = kube::core::Status::failure(
+        "instances.kontinuum.sh \"n-01\" is forbidden: User \"u\" cannot patch resource \
+         \"instances\" in API group \"kontinuum.sh\"",
+        "Forbidden",
+    )
+    .with_code(403);
+    let err = Error::Claim {
+        instance: "n-01".into(),
+        source: kube::Error::Api(status.boxed()),
+    };
+    assert_eq!(err.reason(), "Forbidden", "not ClaimFailed");
+    assert_eq!(
+        err.class(),
+        ErrorClass::Transient,
+        "RBAC is fixed without a spec change"
+    );
+    let message = forbidden(&err).unwrap();
+    assert_eq!(
+        message,
+        "forbidden: the operator may not patch instances; its RBAC needs fixing"
+    );
+    let status = failure_status(&pool(2), Reason::Forbidden, &message, &at(5));
+    for c in [Cond::Claimed, Cond::Ready] {
+        let c = conditions::get(&status.conditions, c).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "Forbidden")
+        );
+        assert_eq!(c.message, message);
+    }
+}

@@ -611,13 +611,38 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
             Ok(()) => {}
             Err(err) if member.name == endpoint.name => {
                 let message = chain(&err);
+                let reason = if identity_refused(&err) {
+                    Reason::IdentityChanged
+                } else {
+                    Reason::ConfigFailed
+                };
                 if !run.is_true(Cond::Bootstrapped) {
-                    let reason = if identity_refused(&err) {
-                        Reason::IdentityChanged
-                    } else {
-                        Reason::ConfigFailed
-                    };
-                    run.set(Cond::Bootstrapped, ConditionStatus::False, reason, message);
+                    run.set(
+                        Cond::Bootstrapped,
+                        ConditionStatus::False,
+                        reason,
+                        message.clone(),
+                    );
+                }
+                if config_refused(&err) {
+                    // The same config fails the same way: report it and wait for a change
+                    // of the cluster or its Instances (both watched) instead of retrying.
+                    warn!(instance = %member.name, error = &err as &dyn std::error::Error, "the endpoint's machine config is refused; waiting for a change");
+                    let reported = cluster.status.as_ref().and_then(|s| {
+                        conditions::get(&s.conditions, Cond::Bootstrapped)
+                            .map(|c| (c.reason.clone(), c.message.clone()))
+                    });
+                    if reported != Some((reason.as_str().to_owned(), message.clone())) {
+                        ctx.events
+                            .warning(
+                                &cluster.object_ref(&()),
+                                reason.as_str(),
+                                "Configure",
+                                message,
+                            )
+                            .await;
+                    }
+                    return run.finish(Action::await_change()).await;
                 }
                 run.flush().await?;
                 return Err(err);
@@ -1138,6 +1163,17 @@ async fn config_failed(run: &mut Run<'_>, member: &Member, err: &Error) {
 }
 
 /// Whether `err` is a maintenance connection the identity pin refused.
+/// Whether configuring a machine failed in a way retrying the same input cannot fix: the
+/// config could not be rendered from the spec, or the machine refused it as invalid.
+/// Kubernetes and transport failures are not (they are retried with backoff).
+fn config_refused(err: &Error) -> bool {
+    match err {
+        Error::Config { .. } => true,
+        Error::Talos { source, .. } => source.kind() == ErrorKind::InvalidArgument,
+        _ => false,
+    }
+}
+
 fn identity_refused(err: &Error) -> bool {
     matches!(err, Error::Talos { source, .. } if source.kind() == ErrorKind::IdentityMismatch)
 }
@@ -1689,4 +1725,36 @@ pub async fn run(
             .run(reconcile, error_policy, ctx),
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn talos(kind: ErrorKind) -> Error {
+        Error::Talos {
+            instance: "n-01".into(),
+            source: kontinuum_talos::Error::Connect {
+                endpoint: "10.0.0.1:50000".into(),
+                kind,
+                source: Box::new(std::io::Error::other("x")),
+            },
+        }
+    }
+
+    #[test]
+    fn only_a_refused_config_waits_for_a_change() {
+        assert!(config_refused(&talos(ErrorKind::InvalidArgument)));
+        assert!(!config_refused(&talos(ErrorKind::Unavailable)));
+        assert!(!config_refused(&talos(ErrorKind::TimedOut)));
+        let kube = Error::Kube {
+            what: "read Secret s".into(),
+            source: kube::Error::Api(
+                kube::core::Status::failure("x", "Invalid")
+                    .with_code(422)
+                    .boxed(),
+            ),
+        };
+        assert!(!config_refused(&kube));
+    }
 }

@@ -226,7 +226,7 @@ pub enum Error {
         target: String,
         kind: ErrorKind,
         #[source]
-        status: Box<tonic::Status>,
+        status: Box<RemoteStatus>,
     },
 
     #[error("{rpc} on {target} returned an unusable reply")]
@@ -266,7 +266,7 @@ impl Error {
     /// The gRPC status the machine answered with, if the failure was a status.
     pub fn status(&self) -> Option<&tonic::Status> {
         match self {
-            Self::Rpc { status, .. } => Some(status),
+            Self::Rpc { status, .. } => Some(&status.0),
             _ => None,
         }
     }
@@ -284,11 +284,13 @@ impl Error {
             }
             _ => by_code,
         };
+        // Debug only: the machine's text can echo the config it refused.
+        tracing::debug!(%rpc, target, code = ?status.code(), message = status.message(), "talos call failed");
         Self::Rpc {
             rpc,
             target: target.to_owned(),
             kind,
-            status: Box::new(status),
+            status: Box::new(RemoteStatus(status)),
         }
     }
 
@@ -298,6 +300,30 @@ impl Error {
             target: target.to_owned(),
             source,
         }
+    }
+}
+
+/// The gRPC status a machine answered with. Its `Display` names the code only: the machine's
+/// message can echo machine-config values (a refused config is quoted back), and error text
+/// reaches condition messages, Events and info+ logs. The message is logged at debug where
+/// the error is made, and is available through [`Error::status`]. Its source is the
+/// transport cause, if any (a connection refused, a TLS alert), which holds no values.
+#[derive(Debug)]
+pub struct RemoteStatus(pub tonic::Status);
+
+impl fmt::Display for RemoteStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the machine answered {:?}; the operator's debug log has its message",
+            self.0.code()
+        )
+    }
+}
+
+impl StdError for RemoteStatus {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        StdError::source(&self.0)
     }
 }
 
@@ -376,6 +402,27 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "MachineService/Bootstrap on n failed (AlreadyExists)"
+        );
+    }
+
+    #[test]
+    fn the_machines_text_stays_out_of_the_error_chain() {
+        let err = Error::rpc(
+            Rpc::Bootstrap,
+            "n",
+            tonic::Status::invalid_argument("config: cluster.secret \"s3cr3t\" is invalid"),
+        );
+        let mut text = err.to_string();
+        let mut next = StdError::source(&err);
+        while let Some(e) = next {
+            text.push_str(&e.to_string());
+            next = e.source();
+        }
+        assert!(!text.contains("s3cr3t"), "{text}");
+        assert!(text.contains("InvalidArgument"), "{text}");
+        assert_eq!(
+            err.status().map(tonic::Status::message),
+            Some("config: cluster.secret \"s3cr3t\" is invalid")
         );
     }
 

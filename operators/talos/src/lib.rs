@@ -25,6 +25,6 @@ pub use client::{
 };
 pub use discovery::Discovery;
 pub use endpoint::{DEFAULT_PORT, Endpoint};
-pub use error::{Error, ErrorKind, IdentityError, ProtocolError, Rpc};
+pub use error::{Error, ErrorKind, IdentityError, ProtocolError, RemoteStatus, Rpc};
 pub use kubeconfig::Kubeconfig;
 pub use tls::{ClientIdentity, PeerCertificate};

@@ -19,7 +19,9 @@ use kontinuum_crds::v1alpha2::{
 };
 use kontinuum_operator_common::admin::{Readiness, track_sync};
 use kontinuum_operator_common::backoff::{Backoff, object_key};
-use kontinuum_operator_common::error::{ReconcileError, chain, retry_after_backoff};
+use kontinuum_operator_common::error::{
+    FORBIDDEN, ReconcileError, chain, forbidden, retry_after_backoff,
+};
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::finalizer;
 use kontinuum_operator_common::kubeconfig::{self, KubeconfigError};
@@ -141,6 +143,9 @@ pub enum Error {
 
 impl ReconcileError for Error {
     fn reason(&self) -> &'static str {
+        if forbidden(self).is_some() {
+            return FORBIDDEN;
+        }
         match self {
             Error::Incomplete(_) | Error::Name(_) | Error::Apply { .. } | Error::Read { .. } => {
                 Reason::FanOutFailed.as_str()
@@ -154,6 +159,16 @@ impl ReconcileError for Error {
             Error::Finalizer(_) => "FinalizerFailed",
             Error::PatchStatus(_) => "StatusPatchFailed",
         }
+    }
+}
+
+/// The verdict of a failed step: `Forbidden` when the hub's or the zone cluster's RBAC
+/// refused a call (retried with backoff like any transient failure, but shown as what a
+/// human must fix), otherwise `reason` with the error chain.
+fn failed(reason: Reason, err: &Error) -> Verdict {
+    match forbidden(err) {
+        Some(message) => Verdict::new(ConditionStatus::False, Reason::Forbidden, message),
+        None => Verdict::new(ConditionStatus::False, reason, chain(err)),
     }
 }
 
@@ -289,11 +304,7 @@ async fn apply(zone: &Zone, ctx: &Ctx) -> Result<Action, Error> {
                         report.complete = true;
                     }
                     Err(err) => {
-                        report.installed = Verdict::new(
-                            ConditionStatus::False,
-                            Reason::InstallFailed,
-                            chain(&err),
-                        );
+                        report.installed = failed(Reason::InstallFailed, &err);
                         failure = Some(err);
                     }
                 }
@@ -302,8 +313,7 @@ async fn apply(zone: &Zone, ctx: &Ctx) -> Result<Action, Error> {
             }
         }
         Err(err) => {
-            report.cluster_ready =
-                Verdict::new(ConditionStatus::False, Reason::FanOutFailed, chain(&err));
+            report.cluster_ready = failed(Reason::FanOutFailed, &err);
             failure = Some(err);
         }
     }
@@ -1144,6 +1154,43 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_403_is_forbidden_not_fan_out_failed() {
+        let api = |code| {
+            kube::Error::Api(
+                kube::core::Status::failure(
+                    "talosclusters.kontinuum.sh \"eu-west\" is forbidden: User \"u\" cannot \
+                     patch resource \"talosclusters\" in API group \"kontinuum.sh\"",
+                    "Forbidden",
+                )
+                .with_code(code)
+                .boxed(),
+            )
+        };
+        let refused = Error::Apply {
+            kind: "TalosCluster",
+            name: "eu-west".into(),
+            source: api(403),
+        };
+        assert_eq!(refused.reason(), "Forbidden");
+        let verdict = failed(Reason::FanOutFailed, &refused);
+        assert_eq!(verdict.reason, Reason::Forbidden);
+        assert_eq!(
+            verdict.message,
+            "forbidden: the operator may not patch talosclusters; its RBAC needs fixing"
+        );
+        let conflict = Error::Apply {
+            kind: "TalosCluster",
+            name: "eu-west".into(),
+            source: api(409),
+        };
+        assert_eq!(conflict.reason(), "FanOutFailed");
+        assert_eq!(
+            failed(Reason::FanOutFailed, &conflict).reason,
+            Reason::FanOutFailed
+        );
+    }
 
     fn zone(name: &str, ns: &str, seed: &[&str], joined: Option<&str>) -> Arc<Zone> {
         let (region, zone) = name.split_once('-').unwrap();
