@@ -43,12 +43,13 @@ unit: ## Tests that need no test bed
 	$(CARGO) test --workspace --locked --lib --bins
 
 bench: ## Benchmarks (release build); Markdown figures in bench-results/
-	$(CARGO) build --release --locked -p talos-emulator -p kontinuum-hostlet -p instance-discovery -p pool-claimer -p talos-bootstrapper -p addon-installer -p etcd-proxy -p kontinuum-bench
+	$(CARGO) build --release --locked -p talos-emulator -p kontinuum-hostlet -p instance-discovery -p pool-claimer -p talos-bootstrapper -p addon-installer -p etcd-proxy -p registry -p zone-installer -p kubectl-kontinuum -p kontinuum-bench
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench talos --machines 1000 --concurrency 16,64 --out bench-results/talos.md
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench discovery --machines 1000 --pools 10 --out bench-results/discovery.md
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench bootstrap --runs 5 --out bench-results/bootstrap.md
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench addons --runs 3 --out bench-results/addons.md
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench etcd-proxy --ops put,range,put-lease --concurrency 1,16 --rounds 3 --out bench-results/etcd-proxy.md
+	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench zone --runs 5 --out bench-results/zone.md
 
 fidelity: ## The Talos emulator against a client built from the official Talos protos
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) bash e2e/fidelity/run.sh

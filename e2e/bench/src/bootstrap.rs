@@ -9,7 +9,7 @@
 //! alternate (floor, operator, floor, …) so neither gets the quieter machine.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -61,7 +61,8 @@ const STEPS: [&str; 5] = [
     "ControlPlaneReady (HealthCheck)",
 ];
 
-fn operator_binary(name: &str) -> anyhow::Result<PathBuf> {
+/// `target/<profile>/<name>`, next to this benchmark's executable.
+pub(crate) fn operator_binary(name: &str) -> anyhow::Result<PathBuf> {
     let path = std::env::current_exe()?
         .parent()
         .context("locating the target directory")?
@@ -75,60 +76,152 @@ fn operator_binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// `name` (a binary next to this benchmark) for `ns` as a process, with a ServiceAccount of
+/// its own in `ns` bound to ClusterRole `role`, and `args` after `--namespace <ns>`.
+pub(crate) async fn start_operator(
+    hub: &ControlPlane,
+    ns: &str,
+    name: &str,
+    role: &str,
+    args: &[&str],
+) -> anyhow::Result<Operator> {
+    let client = hub.client();
+    let kubeconfig =
+        service_account_kubeconfig_for(&client, hub.kubeconfig_yaml(), hub.dir(), ns, name, role)
+            .await?;
+    let mut all = vec!["--namespace", ns];
+    all.extend_from_slice(args);
+    Operator::start(&operator_binary(name)?, name, &kubeconfig, &all).await
+}
+
+/// instance-discovery, pool-claimer and talos-bootstrapper for `ns`, each with the chart's
+/// rules ([`install_role`]): discovery retries after 1 s, 2048-bit service-account keys,
+/// `bootstrapper` more flags of talos-bootstrapper.
+pub(crate) async fn start_cluster_operators(
+    hub: &ControlPlane,
+    ns: &str,
+    bootstrapper: &[&str],
+) -> anyhow::Result<Vec<Operator>> {
+    install_role(&hub.client()).await?;
+    let mut talos = vec!["--service-account-key-bits", "2048"];
+    talos.extend_from_slice(bootstrapper);
+    let mut operators = Vec::new();
+    for (name, role, args) in [
+        (
+            "instance-discovery",
+            INSTANCE_DISCOVERY_ROLE,
+            vec!["--retry-seconds", "1"],
+        ),
+        ("pool-claimer", POOL_CLAIMER_ROLE, vec![]),
+        ("talos-bootstrapper", TALOS_BOOTSTRAPPER_ROLE, talos),
+    ] {
+        operators.push(start_operator(hub, ns, name, role, &args).await?);
+    }
+    Ok(operators)
+}
+
+/// A machine the floor bootstrapped: its `os:admin` client and the cluster's kubeconfig.
+pub(crate) struct FloorCluster {
+    address: Ipv4Addr,
+    client: TalosClient,
+    /// The admin kubeconfig (YAML).
+    pub kubeconfig: String,
+}
+
+impl FloorCluster {
+    /// The talos-bootstrapper's steps up to the kubeconfig, in its order, by the client
+    /// library alone: secrets bundle (RSA 2048), ApplyConfiguration (maintenance mode),
+    /// Bootstrap, Kubeconfig. After each, the time since `started` is pushed onto `marks`.
+    pub(crate) async fn bootstrap(
+        address: Ipv4Addr,
+        hostname: &str,
+        started: Instant,
+        marks: &mut Vec<Duration>,
+    ) -> anyhow::Result<Self> {
+        let timeouts = Timeouts::default();
+        let version = TalosVersion::parse("v1.13.0")?;
+        let bundle = tokio::task::spawn_blocking(move || {
+            SecretsBundle::generate_with_rsa_bits(
+                &mut rand_core::OsRng,
+                jiff::Timestamp::now(),
+                &version,
+                2048,
+            )
+        })
+        .await??;
+        let _json = bundle.to_json()?;
+        marks.push(started.elapsed());
+        let endpoint = Endpoint::new(address.to_string(), 50000)?;
+        let input = ConfigInput::new(
+            hostname,
+            address.to_string(),
+            TalosVersion::parse("v1.13.8")?,
+            "1.32.0",
+        );
+        let config = render_machine_config(&input, &bundle, MachineType::ControlPlane, hostname)?;
+        TalosClient::connect_maintenance(&endpoint, timeouts)
+            .await?
+            .apply_configuration(config.expose().as_bytes().to_vec(), ApplyMode::Reboot)
+            .await?;
+        marks.push(started.elapsed());
+        let admin = admin_talosconfig(
+            &bundle,
+            hostname,
+            &[],
+            &[],
+            jiff::Timestamp::now(),
+            &mut rand_core::OsRng,
+        )?;
+        let identity = ClientIdentity::new(
+            admin.identity.ca_pem,
+            admin.identity.cert_pem,
+            admin.identity.key_pem.expose(),
+        );
+        let client = TalosClient::connect(&endpoint, &identity, timeouts).await?;
+        client.bootstrap().await?;
+        marks.push(started.elapsed());
+        let kubeconfig = String::from_utf8(client.kubeconfig().await?.into_bytes())
+            .context("the kubeconfig is not UTF-8")?;
+        marks.push(started.elapsed());
+        Ok(Self {
+            address,
+            client,
+            kubeconfig,
+        })
+    }
+
+    /// The Talos cluster health check (etcd, the API server, every node Ready), waiting up
+    /// to 30 s on the machine's side, as the operator's `ControlPlaneReady` gate calls it.
+    pub(crate) async fn health_check(&self) -> anyhow::Result<()> {
+        self.client
+            .health_check(
+                Duration::from_secs(30),
+                &[self.address.to_string()],
+                &[],
+                |_| {},
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Back to maintenance mode, which stops the cluster (not measured).
+    pub(crate) async fn reset(&self) -> anyhow::Result<()> {
+        self.client
+            .reset(&ResetOptions::to_maintenance(false))
+            .await?;
+        Ok(())
+    }
+}
+
 /// The floor: the operator's steps, in its order, by the client library alone.
 async fn floor(address: Ipv4Addr, hostname: &str) -> anyhow::Result<(Vec<Duration>, Duration)> {
-    let timeouts = Timeouts::default();
     let started = Instant::now();
     let mut marks = Vec::new();
-    let version = TalosVersion::parse("v1.13.0")?;
-    let bundle = tokio::task::spawn_blocking(move || {
-        SecretsBundle::generate_with_rsa_bits(
-            &mut rand_core::OsRng,
-            jiff::Timestamp::now(),
-            &version,
-            2048,
-        )
-    })
-    .await??;
-    let _json = bundle.to_json()?;
-    marks.push(started.elapsed());
-    let endpoint = Endpoint::new(address.to_string(), 50000)?;
-    let input = ConfigInput::new(
-        hostname,
-        address.to_string(),
-        TalosVersion::parse("v1.13.8")?,
-        "1.32.0",
-    );
-    let config = render_machine_config(&input, &bundle, MachineType::ControlPlane, hostname)?;
-    TalosClient::connect_maintenance(&endpoint, timeouts)
-        .await?
-        .apply_configuration(config.expose().as_bytes().to_vec(), ApplyMode::Reboot)
-        .await?;
-    marks.push(started.elapsed());
-    let admin = admin_talosconfig(
-        &bundle,
-        hostname,
-        &[],
-        &[],
-        jiff::Timestamp::now(),
-        &mut rand_core::OsRng,
-    )?;
-    let identity = ClientIdentity::new(
-        admin.identity.ca_pem,
-        admin.identity.cert_pem,
-        admin.identity.key_pem.expose(),
-    );
-    let client = TalosClient::connect(&endpoint, &identity, timeouts).await?;
-    client.bootstrap().await?;
-    marks.push(started.elapsed());
-    let _kubeconfig = client.kubeconfig().await?;
-    marks.push(started.elapsed());
-    client
-        .health_check(Duration::from_secs(30), &[address.to_string()], &[], |_| {})
-        .await?;
+    let cluster = FloorCluster::bootstrap(address, hostname, started, &mut marks).await?;
+    cluster.health_check().await?;
     marks.push(started.elapsed());
     let total = started.elapsed();
-    client.reset(&ResetOptions::to_maintenance(false)).await?;
+    cluster.reset().await?;
     Ok((marks, total))
 }
 
@@ -212,7 +305,6 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
     .context("starting the hub")?;
     let client = hub.client();
     install_kontinuum_crds(&client).await?;
-    install_role(&client).await?;
     let ns = namespace(&client, "bench-bootstrap").await?;
     let runs = args.runs.max(1);
     let emulator = EmulatorProcess::start(&Options {
@@ -225,42 +317,9 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
         start_timeout: Duration::from_secs(60),
     })
     .await?;
-    let addresses: Vec<Ipv4Addr> = emulator
-        .addresses
-        .iter()
-        .map(|a: &SocketAddr| match a.ip() {
-            IpAddr::V4(v4) => Ok(v4),
-            IpAddr::V6(_) => bail!("IPv6 emulator address"),
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let addresses = emulator.ipv4_addresses()?;
 
-    let mut operators = Vec::new();
-    for (name, role, extra) in [
-        (
-            "instance-discovery",
-            INSTANCE_DISCOVERY_ROLE,
-            vec!["--retry-seconds", "1"],
-        ),
-        ("pool-claimer", POOL_CLAIMER_ROLE, vec![]),
-        (
-            "talos-bootstrapper",
-            TALOS_BOOTSTRAPPER_ROLE,
-            vec!["--service-account-key-bits", "2048"],
-        ),
-    ] {
-        let kubeconfig = service_account_kubeconfig_for(
-            &client,
-            hub.kubeconfig_yaml(),
-            hub.dir(),
-            &ns,
-            name,
-            role,
-        )
-        .await?;
-        let mut all = vec!["--namespace", ns.as_str()];
-        all.extend(extra);
-        operators.push(Operator::start(&operator_binary(name)?, name, &kubeconfig, &all).await?);
-    }
+    let operators = start_cluster_operators(&hub, &ns, &[]).await?;
     let marker = AddonsReady::start(client.clone(), ns.clone());
 
     let mut floor_runs = Vec::new();
@@ -366,7 +425,8 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
     report.write_to(&args.out)
 }
 
-fn signed(a: Duration, b: Duration) -> String {
+/// `a − b`, signed: `+1.20 s`, `−35.0 ms`.
+pub(crate) fn signed(a: Duration, b: Duration) -> String {
     match a.checked_sub(b) {
         Some(more) => format!("+{}", fmt_duration(more)),
         None => format!("−{}", fmt_duration(b.saturating_sub(a))),

@@ -54,15 +54,10 @@ impl Child {
 
     /// Fails, quoting the end of its log, if it has exited.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
-        if let Some(status) = self.process.try_wait()? {
-            bail!(
-                "{} exited ({status}); end of {}:\n{}",
-                self.name,
-                self.log.display(),
-                tail(&self.log)
-            );
+        match self.process.try_wait()? {
+            Some(status) => Err(self.exited(status)),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Polls `ready` every 20 ms until it holds, failing if the process exits or `limit`
@@ -93,6 +88,31 @@ impl Child {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Waits until the process exits; fails, quoting the end of its log, unless it exited
+    /// successfully. Cancel-safe (a `select!` branch).
+    pub async fn wait_success(&mut self) -> anyhow::Result<()> {
+        let status = self
+            .process
+            .wait()
+            .await
+            .with_context(|| format!("waiting for {}", self.name))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(self.exited(status))
+        }
+    }
+
+    /// That it exited with `status`, quoting the end of its log.
+    fn exited(&self, status: std::process::ExitStatus) -> anyhow::Error {
+        anyhow::anyhow!(
+            "{} exited ({status}); end of {}:\n{}",
+            self.name,
+            self.log.display(),
+            tail(&self.log)
+        )
     }
 
     /// SIGTERM, then SIGKILL after `grace`.

@@ -159,6 +159,17 @@ impl EmulatorProcess {
         self.pid
     }
 
+    /// The machines' IPv4 addresses, in order.
+    pub fn ipv4_addresses(&self) -> anyhow::Result<Vec<Ipv4Addr>> {
+        self.addresses
+            .iter()
+            .map(|a| match a.ip() {
+                std::net::IpAddr::V4(v4) => Ok(v4),
+                std::net::IpAddr::V6(_) => bail!("IPv6 emulator address {a}"),
+            })
+            .collect()
+    }
+
     /// SIGTERM (the emulator stops its control planes gracefully), SIGKILL after `grace`.
     pub async fn stop(mut self, grace: Duration) -> anyhow::Result<()> {
         if let Ok(pid) = i32::try_from(self.pid) {

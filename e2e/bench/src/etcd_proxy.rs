@@ -212,16 +212,16 @@ struct World {
     signer: Arc<Signer>,
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(kontinuum_testbed::free_port(LOCALHOST)?)
 }
 
-fn log_args() -> [String; 2] {
+pub(crate) fn log_args() -> [String; 2] {
     // The production default level: what a deployed proxy and relay log per call.
     ["--log-level=warn".into(), "--log-format=text".into()]
 }
 
-async fn listens(addr: SocketAddr) -> bool {
+pub(crate) async fn listens(addr: SocketAddr) -> bool {
     tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr))
         .await
         .is_ok_and(|c| c.is_ok())
@@ -269,7 +269,11 @@ fn zone_prefix() -> String {
 }
 
 /// The store: one test-bed etcd member on loopback; returns it once it answers.
-async fn start_store(tools: &Tools, dir: &Path, no_fsync: bool) -> anyhow::Result<(Child, String)> {
+pub(crate) async fn start_store(
+    tools: &Tools,
+    dir: &Path,
+    no_fsync: bool,
+) -> anyhow::Result<(Child, String)> {
     let (client_port, peer_port) = (free_port()?, free_port()?);
     let store_url = format!("http://127.0.0.1:{client_port}");
     let peer_url = format!("http://127.0.0.1:{peer_port}");
@@ -303,7 +307,7 @@ async fn start_store(tools: &Tools, dir: &Path, no_fsync: bool) -> anyhow::Resul
 }
 
 /// A test CA and the proxy's serving certificate for 127.0.0.1: (CA, cert, key) files.
-fn write_pki(dir: &Path) -> anyhow::Result<(PathBuf, PathBuf, PathBuf)> {
+pub(crate) fn write_pki(dir: &Path) -> anyhow::Result<(PathBuf, PathBuf, PathBuf)> {
     let ca = CertificateAuthority::generate("etcd-proxy-bench-ca")?;
     let serving = ca.server("etcd-proxy", &[LOCALHOST], &[])?;
     let paths = (
@@ -339,7 +343,7 @@ async fn admit_zone(
 
 /// Starts `etcd-proxy serve` and waits until it listens on `addr` (which it does once its
 /// identity index has synced) and, given a target, until the zone is admitted through it.
-async fn start_proxy(
+pub(crate) async fn start_proxy(
     name: &str,
     bin: &Path,
     args: &[String],
@@ -561,9 +565,9 @@ impl World {
     }
 }
 
-type Connect = Arc<dyn Fn() -> Channel + Send + Sync>;
+pub(crate) type Connect = Arc<dyn Fn() -> Channel + Send + Sync>;
 
-fn plain_connect(url: &str) -> anyhow::Result<Connect> {
+pub(crate) fn plain_connect(url: &str) -> anyhow::Result<Connect> {
     let uri: http::Uri = url.parse().with_context(|| format!("parsing {url}"))?;
     Ok(Arc::new(move || channel(uri.clone(), Connector::new(None))))
 }

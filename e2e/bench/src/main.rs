@@ -10,6 +10,9 @@
 //! * `etcd-proxy`: the Kontinuum store directly against relay + proxy (TLS, a token per
 //!   call): latency, throughput, CPU per call, cross-checked with `etcdctl check perf`
 //!   (issue 11, acceptance 7).
+//! * `zone`: `kubectl kontinuum zone add` to a `Ready` Zone through every operator, per
+//!   stage (fan-out, discovered, claimed, bootstrapped, addons, installed, joined), against
+//!   the same steps driven directly by the operators' libraries (issue 12, acceptance 6).
 //!
 //! Shared pieces for further scenarios (e.g. discovery/claim with the operators): the
 //! emulator as a child process ([`emulator`]), any other long-running child ([`child`]),
@@ -29,6 +32,7 @@ mod procfs;
 mod report;
 mod stats;
 mod talos;
+mod zone;
 
 use std::io::Write as _;
 
@@ -55,6 +59,8 @@ enum Command {
     Bootstrap(bootstrap::Args),
     /// etcd-proxy: the store directly against relay + proxy, put and range at 1 and 16 clients.
     EtcdProxy(etcd_proxy::Args),
+    /// zone-installer and every operator: `zone add` to Ready, per stage, against the floor.
+    Zone(zone::Args),
 }
 
 /// A progress line on stderr (the report goes to stdout).
@@ -72,6 +78,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Addons(args) => addons::run(args).await?,
         Command::Bootstrap(args) => bootstrap::run(args).await?,
         Command::EtcdProxy(args) => etcd_proxy::run(args).await?,
+        Command::Zone(args) => zone::run(args).await?,
     };
     let mut out = std::io::stdout().lock();
     write!(out, "{report}").context("writing to stdout")?;
