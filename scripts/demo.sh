@@ -329,7 +329,8 @@ spec:
   controllerName: kontinuum.sh/gateway-standin
   description: "served by gateway-standin, a test stand-in (kontinuum demo)"
 EOF
-  local common=(--kubeconfig "$kubeconfig" --log-format text --log-level info)
+  # One process of each, run alone: no Lease (the binaries elect one by default).
+  local common=(--kubeconfig "$kubeconfig" --log-format text --log-level info --leader-elect=false)
   "$target/cert-manager-standin" "${common[@]}" --admin-addr "$standin_admin:8080" \
     --acme-ca-cert "$dir/standins/acme-ca.crt" --acme-ca-key "$dir/standins/acme-ca.key" \
     >"$dir/logs/cert-manager-standin.log" 2>&1 </dev/null &
