@@ -202,7 +202,7 @@ pub enum Error {
     },
 
     #[error(
-        "the machine at {endpoint} presents identity {presented}, not the recorded {expected}: another machine answers at this address; nothing was sent"
+        "nothing was sent: the machine at {endpoint} presents identity {presented}, not the recorded {expected} (another machine answers at this address)"
     )]
     IdentityMismatch {
         endpoint: String,
