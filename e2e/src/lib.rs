@@ -358,7 +358,11 @@ pub fn service_account_user(namespace: &str, name: &str) -> String {
     format!("system:serviceaccount:{namespace}:{name}")
 }
 
-/// One write request from the API server's audit log.
+/// The verbs that change something.
+pub const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
+
+/// One request from the API server's audit log (which records writes, and every request
+/// for Secrets).
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AuditEvent {
@@ -390,8 +394,24 @@ pub struct AuditStatus {
     pub code: Option<u16>,
 }
 
+impl AuditEvent {
+    /// Whether the request changes something.
+    pub fn is_write(&self) -> bool {
+        WRITE_VERBS.contains(&self.verb.as_str())
+    }
+}
+
 /// The write requests `user` made, as recorded in the audit log at `path`.
 pub fn audit_writes(path: &Path, user: &str) -> anyhow::Result<Vec<AuditEvent>> {
+    Ok(audit_requests(path, user)?
+        .into_iter()
+        .filter(AuditEvent::is_write)
+        .collect())
+}
+
+/// Every request of `user` the audit log at `path` recorded: its writes, and its requests
+/// for Secrets (reads included).
+pub fn audit_requests(path: &Path, user: &str) -> anyhow::Result<Vec<AuditEvent>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(text
@@ -399,6 +419,25 @@ pub fn audit_writes(path: &Path, user: &str) -> anyhow::Result<Vec<AuditEvent>> 
         .filter_map(|line| serde_json::from_str::<AuditEvent>(line).ok())
         .filter(|e| e.user.username == user)
         .collect())
+}
+
+/// The Secret requests among `events`: `(verb, name or None for a list/watch, query)`.
+pub fn secret_requests(events: &[AuditEvent]) -> Vec<(String, Option<String>, String)> {
+    events
+        .iter()
+        .filter_map(|e| {
+            let (path, query) = e
+                .request_u_r_i
+                .split_once('?')
+                .unwrap_or((e.request_u_r_i.as_str(), ""));
+            let (_, rest) = path.split_once("/secrets")?;
+            if !(path.starts_with("/api/v1/")) || !(rest.is_empty() || rest.starts_with('/')) {
+                return None;
+            }
+            let name = rest.strip_prefix('/').map(str::to_owned);
+            Some((e.verb.clone(), name, query.to_owned()))
+        })
+        .collect()
 }
 
 /// A binary of this workspace, built next to the running test (`cargo test --workspace`

@@ -31,14 +31,18 @@ pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 /// Where the API server's audit log goes, relative to the control plane's directory.
 pub const AUDIT_LOG: &str = "logs/audit.log";
 
-/// Audit every write (at Metadata level: who, what, when; never bodies, which may hold
-/// secrets) and nothing else, so tests can count the writes a component makes.
+/// Audit every write, and every request for Secrets, reads included (at Metadata level:
+/// who, what, when; never bodies, which may hold secrets), and nothing else: tests count the
+/// writes a component makes and show which Secrets it asks for. Readers of the log that
+/// want writes filter on the verb.
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
 - level: Metadata
   verbs: [create, update, patch, delete, deletecollection]
+- level: Metadata
+  resources: [{group: \"\", resources: [secrets]}]
 - level: None
 ";
 
@@ -578,20 +582,54 @@ pub(crate) async fn nodes_ready(client: &Client, names: &[String]) -> bool {
     true
 }
 
-/// A port that is free on `address` right now.
+/// A port that is free on `address` right now, and that nothing else will be given.
+///
+/// Binding port 0 would hand out an ephemeral port: the kernel gives the same range to
+/// every outgoing connection, so between this call and the component's own bind, any
+/// client socket on the machine (another test bed's API server dialling its etcd) may take
+/// it, and the component dies with "address already in use". Ports are therefore taken
+/// from below the ephemeral range, each checked by binding it, and never twice by one
+/// process; the start is spread by process id so that consecutive test binaries do not walk
+/// the same ports.
 pub fn free_port(address: IpAddr) -> Result<u16, Error> {
-    let listener =
-        std::net::TcpListener::bind(SocketAddr::new(address, 0)).map_err(|source| Error::Io {
-            what: format!("binding {address}:0"),
-            source,
-        })?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|source| Error::Io {
-            what: "reading a free port".into(),
-            source,
-        })
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+
+    let (low, high) = fixed_port_range();
+    let span = u32::from(high - low);
+    if NEXT.load(Ordering::Relaxed) == u32::MAX {
+        let seed = std::process::id().wrapping_mul(7919) % span;
+        let _ = NEXT.compare_exchange(u32::MAX, seed, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    for _ in 0..span {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        // `offset < span`, which fits in a u16.
+        let port = low + u16::try_from(offset).unwrap_or(0);
+        if std::net::TcpListener::bind(SocketAddr::new(address, port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(Error::Io {
+        what: format!("finding a free port on {address} in {low}..{high}"),
+        source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+    })
+}
+
+/// Ports below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`), above the
+/// well-known ones and those Kubernetes components use by default (6443, 10250–10259).
+fn fixed_port_range() -> (u16, u16) {
+    const LOW: u16 = 20_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    // A kernel whose ephemeral range starts lower leaves too little room: use the top of
+    // the port space, which a default range (ending at 60999) does not reach.
+    if ephemeral_low >= LOW + 4_096 {
+        (LOW, ephemeral_low)
+    } else {
+        (61_000, 65_535)
+    }
 }
 
 pub(crate) fn create_dir(path: &Path) -> Result<(), Error> {
@@ -620,4 +658,40 @@ fn write(path: &Path, content: &str) -> Result<(), Error> {
 
 fn path_str(path: &Path) -> String {
     path.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_outside_the_ephemeral_range_and_never_repeated() {
+        let (low, high) = fixed_port_range();
+        let address = IpAddr::from([127, 0, 0, 1]);
+        let ports: Vec<u16> = (0..200).map(|_| free_port(address).unwrap()).collect();
+        let unique: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(unique.len(), ports.len(), "a port was handed out twice");
+        assert!(ports.iter().all(|p| (low..high).contains(p)), "{ports:?}");
+        // The test machine's kernel keeps its default ephemeral range.
+        assert!(high <= 32_768 || low >= 61_000, "{low}..{high}");
+    }
+
+    #[test]
+    fn a_bound_port_is_skipped() {
+        let address = IpAddr::from([127, 0, 0, 1]);
+        let first = free_port(address).unwrap();
+        // Hold the next candidates so the allocator must step over them.
+        let held: Vec<_> = (1..=3)
+            .filter_map(|i| std::net::TcpListener::bind(SocketAddr::new(address, first + i)).ok())
+            .collect();
+        let next = free_port(address).unwrap();
+        let held_ports: Vec<u16> = held
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        assert!(
+            !held_ports.contains(&next),
+            "{next} is held: {held_ports:?}"
+        );
+    }
 }

@@ -309,12 +309,13 @@ impl Hub {
         .unwrap();
     }
 
-    /// Every write in the test bed's audit log (it records writes only) received at or
-    /// after `since` whose URI contains one of `needles`: `verb uri (user)`.
+    /// Every write in the test bed's audit log received at or after `since` whose URI
+    /// contains one of `needles`: `verb uri (user)`.
     fn writes_since(&self, since: Timestamp, needles: &[String]) -> Vec<String> {
         let text = std::fs::read_to_string(self.shared.audit_log()).unwrap();
         text.lines()
             .filter_map(|line| serde_json::from_str::<AuditEvent>(line).ok())
+            .filter(AuditEvent::is_write)
             .filter(|e| {
                 e.request_received_timestamp
                     .parse::<Timestamp>()
