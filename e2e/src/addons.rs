@@ -211,7 +211,15 @@ pub async fn seed_cluster(
 ) -> anyhow::Result<()> {
     let secret_name = format!("{name}-talos");
     let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": secret_name },
+        "metadata": {
+            "name": secret_name,
+            // What the bootstrapper's kubeconfig Secrets carry, and the addon-installer's
+            // Secret watch selects on.
+            "labels": {
+                kontinuum_crds::labels::APP_COMPONENT:
+                    kontinuum_crds::v1alpha2::KUBECONFIG_SECRET_COMPONENT,
+            },
+        },
         "stringData": { kontinuum_crds::v1alpha2::KUBECONFIG_KEY: kubeconfig_yaml }
     }))?;
     Api::<Secret>::namespaced(client.clone(), namespace)

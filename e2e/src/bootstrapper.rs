@@ -218,10 +218,18 @@ pub async fn wait_cluster(
     Ok(())
 }
 
-/// The kubeconfig the bootstrapper stored for cluster `name`.
+/// The kubeconfig the bootstrapper stored for cluster `name`, from the Secret its
+/// `status.secretRef` names, as every reader finds it.
 pub async fn stored_kubeconfig(client: &Client, ns: &str, name: &str) -> anyhow::Result<String> {
+    let secret_name = Api::<TalosCluster>::namespaced(client.clone(), ns)
+        .get(name)
+        .await?
+        .status
+        .and_then(|s| s.secret_ref)
+        .context("no status.secretRef")?
+        .name;
     let secret = Api::<Secret>::namespaced(client.clone(), ns)
-        .get(&format!("taloscluster-{name}"))
+        .get(&secret_name)
         .await?;
     let bytes = secret
         .data

@@ -106,14 +106,17 @@ the finalizer list, server-side apply).
 - apiGroups: ["kontinuum.sh"]
   resources: ["addons"]
   verbs: ["list", "watch", "create"]
-# Secrets: `create` writes the cluster's Talos secrets bundle (its CAs and keys, generated
-# once, never regenerated) into Secret taloscluster-<cluster>; `patch` stores the admin
-# kubeconfig in it and removes the Secret's finalizer at teardown; `get` reads the bundle
-# back (configs, talosconfig identity, reset). The names are made at run time from
-# TalosCluster names, and RBAC matches resourceNames only exactly (no prefixes), so `get`
-# cannot be narrowed to them; `list`/`watch` (label-selected in the code, which RBAC cannot
-# express) wake the cluster when its Secret changes. To keep this away from unrelated
-# Secrets, set watchNamespace: the grant becomes a Role in that namespace.
+# Secrets, two per cluster, split by who needs them: `create` writes the cluster's Talos
+# secrets bundle (its CAs and keys, generated once, never regenerated) into Secret
+# taloscluster-<cluster>, which only this operator reads (`get`: configs, the admin
+# identity, reset) and `patch`es (the talosconfig once bootstrapped; its finalizer removed
+# at teardown); `patch` (server-side apply) writes the admin kubeconfig alone into
+# taloscluster-<cluster>-kubeconfig, the Secret status.secretRef names for the other
+# operators. The names are made at run time from TalosCluster names, and RBAC matches
+# resourceNames only exactly (no prefixes), so `get` cannot be narrowed to them;
+# `list`/`watch` (selected in the code on app.kubernetes.io/component of these two kinds,
+# which RBAC cannot express) wake the cluster when one changes. To keep this away from
+# unrelated Secrets, set watchNamespace: the grant becomes a Role in that namespace.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch", "create", "patch"]
@@ -134,10 +137,13 @@ the finalizer list, server-side apply).
 - apiGroups: ["kontinuum.sh"]
   resources: ["talosclusters"]
   verbs: ["list", "watch"]
-# Secrets: `get` reads a cluster's kubeconfig (the Secret named in status.secretRef, known
-# only at run time, so not narrowable by resourceNames); `list`/`watch` of their metadata
-# wake the Addons when a kubeconfig appears or changes (RBAC cannot grant metadata-only
-# reads). Never written. Set watchNamespace to confine this to one namespace.
+# Secrets: `get` reads a cluster's kubeconfig Secret, the one named in status.secretRef
+# (known only at run time, so not narrowable by resourceNames) and nothing else: the
+# secrets bundle is in another Secret this operator never requests. `list`/`watch` of
+# metadata, selected in the code on app.kubernetes.io/component=talos-cluster-kubeconfig
+# (RBAC can express neither the selector nor metadata-only reads), wake the Addons when a
+# kubeconfig appears or changes. Never written. Set watchNamespace to confine this to one
+# namespace.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch"]
@@ -431,10 +437,11 @@ zone-installer: Zones to joined zones, and back.
   resources: ["kontinuums"]
   verbs: ["list", "watch"]
 # Secrets: the zone identity Secrets <zone>-identity (certificates only; created, patched on
-# rotation, watched so that a deleted one is reported as a revocation), and `get` of the
-# zone cluster's kubeconfig Secret named in the TalosCluster's status.secretRef (known only
-# at run time, so not narrowable by resourceNames). Set watchNamespace to confine this to
-# one namespace.
+# rotation, watched, selected on their type, so that a deleted one is reported as a
+# revocation), and `get` of the zone cluster's kubeconfig Secret named in the TalosCluster's
+# status.secretRef (known only at run time, so not narrowable by resourceNames; never the
+# secrets bundle, which has a Secret of its own). Set watchNamespace to confine this to one
+# namespace.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch", "create", "patch"]

@@ -7,12 +7,39 @@ use super::{LocalRef, Teardown};
 use crate::conditions::HasConditions;
 use crate::schema::{DNS1123_LABEL, MAX_LABEL_LEN, VERSION};
 
-/// Key, in the Secret of `status.secretRef`, of the Talos secrets bundle (JSON). Generated
-/// once and never regenerated: the machines trust its CAs.
+// A cluster's Secrets are split by who needs them (DESIGN section 1): the kubeconfig alone
+// in one, which the addon-installer and zone-installer read through `status.secretRef`; the
+// secrets bundle and talosconfig (every cluster CA key) in another that only the
+// talos-bootstrapper reads.
+
+/// Key, in the cluster's secrets Secret ([`secrets_secret_name`]), of the Talos secrets
+/// bundle (JSON). Generated once and never regenerated: the machines trust its CAs.
 pub const SECRETS_BUNDLE_KEY: &str = "secrets-bundle";
 
-/// Key, in the Secret of `status.secretRef`, of the cluster's admin kubeconfig.
+/// Key, in the cluster's secrets Secret, of an admin talosconfig (`talosctl --talosconfig`)
+/// for the control-plane members, written once the cluster is bootstrapped.
+pub const TALOSCONFIG_KEY: &str = "talosconfig";
+
+/// Key, in the kubeconfig Secret of `status.secretRef` ([`kubeconfig_secret_name`]), of the
+/// cluster's admin kubeconfig.
 pub const KUBECONFIG_KEY: &str = "kubeconfig";
+
+/// `app.kubernetes.io/component` of a cluster's secrets Secret (bundle and talosconfig).
+pub const SECRETS_SECRET_COMPONENT: &str = "talos-cluster-secrets";
+
+/// `app.kubernetes.io/component` of a cluster's kubeconfig Secret: what the operators that
+/// need only the kubeconfig select their Secret watches on.
+pub const KUBECONFIG_SECRET_COMPONENT: &str = "talos-cluster-kubeconfig";
+
+/// The name of the Secret holding cluster `cluster`'s secrets bundle and talosconfig.
+pub fn secrets_secret_name(cluster: &str) -> String {
+    format!("taloscluster-{cluster}")
+}
+
+/// The name of the Secret holding cluster `cluster`'s admin kubeconfig, and nothing else.
+pub fn kubeconfig_secret_name(cluster: &str) -> String {
+    format!("taloscluster-{cluster}-kubeconfig")
+}
 
 /// A Talos Kubernetes cluster, built from a control-plane InstancePool and optional worker
 /// pools of the same namespace.
@@ -174,8 +201,9 @@ pub struct TalosClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// The Secret, in the cluster's namespace, holding the Talos secrets bundle (key
-    /// `secrets-bundle`) and the admin kubeconfig (key `kubeconfig`).
+    /// The Secret, in the cluster's namespace, holding the admin kubeconfig (key
+    /// `kubeconfig`) and nothing else; set once it is stored. The secrets bundle lives in
+    /// another Secret (`taloscluster-<name>`) that only the talos-bootstrapper reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<LocalRef>,
 

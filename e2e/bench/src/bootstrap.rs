@@ -235,12 +235,25 @@ async fn operator_run(
 ) -> anyhow::Result<(Vec<Duration>, Duration)> {
     let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), ns);
     let selector = format!("metadata.name={name}");
-    let stream = watcher(
+    // The bundle has a Secret of its own (status names only the kubeconfig's): its first
+    // appearance is the "secrets bundle stored" mark.
+    let bundle_secret = kontinuum_crds::v1alpha2::secrets_secret_name(name);
+    let bundle_stored = watcher(
+        Api::<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>>::namespaced(
+            client.clone(),
+            ns,
+        ),
+        watcher::Config::default().fields(&format!("metadata.name={bundle_secret}")),
+    )
+    .applied_objects()
+    .map(|r| r.map(|_| None));
+    let cluster_changes = watcher(
         clusters.clone(),
         watcher::Config::default().fields(&selector),
     )
-    .applied_objects();
-    let mut stream = std::pin::pin!(stream);
+    .applied_objects()
+    .map(|r| r.map(Some));
+    let mut stream = std::pin::pin!(futures::stream::select(bundle_stored, cluster_changes));
     let started = Instant::now();
     create_cluster(client, ns, name, 1, 0, false).await?;
     let mut seen: BTreeMap<&str, Duration> = BTreeMap::new();
@@ -255,14 +268,15 @@ async fn operator_run(
         let next = tokio::time::timeout_at(deadline, stream.next())
             .await
             .context("the run did not reach Ready in time")?;
-        let Some(cluster) = next.transpose()? else {
+        let Some(change) = next.transpose()? else {
             bail!("the watch ended");
         };
         let at = started.elapsed();
-        let status = cluster.status.unwrap_or_default();
-        if status.secret_ref.is_some() {
+        let Some(cluster) = change else {
             seen.entry("secret").or_insert(at);
-        }
+            continue;
+        };
+        let status = cluster.status.unwrap_or_default();
         if !status.configured_instances.is_empty() {
             seen.entry("configured").or_insert(at);
         }

@@ -10,7 +10,9 @@
 //!   `kontinuum-addon-<release>` (KubectlApply).
 //! * Triggered by: Addon changes; changes of an Addon of the same cluster (for waves and
 //!   `dependsOn`, mapped to the siblings that are not `Ready`); TalosCluster changes and
-//!   changes of the cluster's kubeconfig Secret (mapped to the cluster's Addons); a resync
+//!   changes of the cluster's kubeconfig Secret (mapped to the cluster's Addons; the Secret
+//!   watch selects `app.kubernetes.io/component=talos-cluster-kubeconfig`, and the only
+//!   Secret ever read is the one `status.secretRef` names, never the secrets bundle); a resync
 //!   (`--resync-interval`) that probes health and repairs drift without a new revision.
 //! * Never: writes the TalosCluster or its Secrets, upgrades a release whose desired state
 //!   did not change, or waits for workloads inside a helm call (`--wait` is never used).
@@ -37,7 +39,8 @@ use k8s_openapi::jiff::Timestamp;
 use kontinuum_crds::conditions::{self, ConditionStatus};
 use kontinuum_crds::reasons::{AddonCondition as Cond, AddonReason as Reason};
 use kontinuum_crds::v1alpha2::{
-    Addon, AddonStatus, KUBECONFIG_KEY, ProvisioningMethod, TalosCluster,
+    Addon, AddonStatus, KUBECONFIG_KEY, KUBECONFIG_SECRET_COMPONENT, ProvisioningMethod,
+    TalosCluster,
 };
 use kontinuum_operator_common::admin::{Readiness, track_sync};
 use kontinuum_operator_common::backoff::{Backoff, object_key};
@@ -1334,10 +1337,14 @@ pub async fn run(
     )
     .reflect(cluster_writer)
     .applied_objects();
+    // Only kubeconfig Secrets: the secrets bundle, and every other Secret, stay unseen.
     let secret_events = track_sync(
         watcher(
             api::<PartialObjectMeta<Secret>>(&client, namespace),
-            watcher::Config::default(),
+            watcher::Config::default().labels(&format!(
+                "{}={KUBECONFIG_SECRET_COMPONENT}",
+                kontinuum_crds::labels::APP_COMPONENT
+            )),
         )
         .default_backoff(),
         &readiness,

@@ -1,10 +1,12 @@
 //! The TalosCluster controller.
 //!
 //! * Reconciles: `TalosCluster`.
-//! * Owns: its status; the Secret `taloscluster-<name>` in the cluster's namespace (keys
-//!   `secrets-bundle` and `kubeconfig`, a controller ownerReference, and this operator's
-//!   finalizer so a foreground deletion cannot take the bundle before the machines are
-//!   reset); the built-in Addons it seeds (created once each, never updated); the Instance
+//! * Owns: its status; two Secrets in the cluster's namespace, split by who needs them:
+//!   `taloscluster-<name>` (keys `secrets-bundle` and `talosconfig`, read by this operator
+//!   alone; a controller ownerReference and this operator's finalizer, so a foreground
+//!   deletion cannot take the bundle before the machines are reset) and
+//!   `taloscluster-<name>-kubeconfig` (key `kubeconfig` only, named by `status.secretRef`:
+//!   what the addon-installer and zone-installer read); the built-in Addons it seeds (created once each, never updated); the Instance
 //!   conditions `Configured`, `Joined`, `Ready` of its members; the finalizer
 //!   `kontinuum.sh/talos-bootstrapper`.
 //! * Triggered by: TalosCluster changes; Instance changes (mapped to the cluster whose pool
@@ -35,8 +37,9 @@ use kontinuum_crds::reasons::{
 };
 use kontinuum_crds::v1alpha2::{
     Addon, AddonSpec, BuiltinAddon, ControlPlaneStatus, Instance, InstancePool, KUBECONFIG_KEY,
-    LocalRef, MachineTeardown, SECRETS_BUNDLE_KEY, TalosCluster, TalosClusterStatus,
-    TeardownOutcome, WorkerPoolStatus,
+    KUBECONFIG_SECRET_COMPONENT, LocalRef, MachineTeardown, SECRETS_BUNDLE_KEY,
+    SECRETS_SECRET_COMPONENT, TALOSCONFIG_KEY, TalosCluster, TalosClusterStatus, TeardownOutcome,
+    WorkerPoolStatus, kubeconfig_secret_name,
 };
 use kontinuum_operator_common::backoff::object_key;
 use kontinuum_operator_common::claims::set_claim;
@@ -59,13 +62,7 @@ use crate::{Ctx, Error, FIELD_MANAGER, RESYNC};
 
 /// Finalizer that resets the machines before the cluster goes away.
 pub const FINALIZER: &str = kontinuum_crds::finalizers::TALOS_BOOTSTRAPPER;
-/// `app.kubernetes.io/component` of the cluster Secrets (the Secret watch selects on it).
-pub const SECRET_COMPONENT: &str = "talos-cluster-secrets";
-
-/// The name of a cluster's Secret.
-pub fn secret_name(cluster: &str) -> String {
-    format!("taloscluster-{cluster}")
-}
+pub use kontinuum_crds::v1alpha2::secrets_secret_name as secret_name;
 
 fn now() -> Time {
     Time(Timestamp::now())
@@ -309,19 +306,23 @@ async fn write_member_conditions(
     }
 }
 
-/// The bundle and kubeconfig from the cluster's Secret.
+/// The cluster's secrets Secret, read.
 enum SecretState {
     Ready {
         bundle: Box<SecretsBundle>,
-        kubeconfig: Option<String>,
+        /// A kubeconfig stored beside the bundle by a release before the split: moved into
+        /// the kubeconfig Secret, then removed from here.
+        legacy_kubeconfig: Option<Vec<u8>>,
+        has_talosconfig: bool,
     },
-    /// `status.secretRef` (or `Bootstrapped`) says a bundle existed, and it is gone.
+    /// Something says a bundle was used (a member was configured, `Bootstrapped`, a stored
+    /// kubeconfig), and it is gone.
     Missing,
     /// A Secret of that name belongs to another (earlier) cluster.
-    Stale,
+    Stale { secret: String },
 }
 
-fn secret_labels(cluster: &TalosCluster) -> BTreeMap<String, String> {
+fn secret_labels(cluster: &TalosCluster, component: &str) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, String> = cluster
         .labels()
         .iter()
@@ -330,7 +331,7 @@ fn secret_labels(cluster: &TalosCluster) -> BTreeMap<String, String> {
         .collect();
     out.insert(labels::APP_MANAGED_BY.into(), crate::CONTROLLER.into());
     out.insert(labels::APP_PART_OF.into(), labels::KONTINUUM.into());
-    out.insert(labels::APP_COMPONENT.into(), SECRET_COMPONENT.into());
+    out.insert(labels::APP_COMPONENT.into(), component.into());
     out.insert(labels::APP_INSTANCE.into(), cluster.name_any());
     out
 }
@@ -360,14 +361,17 @@ async fn ensure_secret(
         .map_err(Error::kube(format!("read Secret {name}")))?;
     let secret = match existing {
         Some(secret) if !owned_by(&secret.metadata, uid.as_deref()) => {
-            return Ok(SecretState::Stale);
+            return Ok(SecretState::Stale { secret: name });
         }
         Some(secret) => secret,
         None => {
+            // A bundle is never regenerated once anything used it: a machine that was sent
+            // a config trusts its CAs.
             let recorded = cluster
                 .status
                 .as_ref()
                 .is_some_and(|s| s.secret_ref.is_some())
+                || !run.status.configured_instances.is_empty()
                 || run.is_true(Cond::Bootstrapped);
             if recorded {
                 return Ok(SecretState::Missing);
@@ -379,7 +383,7 @@ async fn ensure_secret(
                 metadata: kube::api::ObjectMeta {
                     name: Some(name.clone()),
                     namespace: cluster.namespace(),
-                    labels: Some(secret_labels(cluster)),
+                    labels: Some(secret_labels(cluster, SECRETS_SECRET_COMPONENT)),
                     owner_references: cluster.controller_owner_ref(&()).map(|o| vec![o]),
                     finalizers: Some(vec![FINALIZER.to_owned()]),
                     ..kube::api::ObjectMeta::default()
@@ -408,7 +412,7 @@ async fn ensure_secret(
         }
     };
     if !owned_by(&secret.metadata, uid.as_deref()) {
-        return Ok(SecretState::Stale);
+        return Ok(SecretState::Stale { secret: name });
     }
     let data = secret.data.unwrap_or_default();
     let bundle = data
@@ -417,13 +421,123 @@ async fn ensure_secret(
             secret: name.clone(),
         })
         .and_then(|b| SecretsBundle::from_json(&b.0).map_err(Error::Secrets))?;
-    run.status.secret_ref = Some(LocalRef { name });
     Ok(SecretState::Ready {
         bundle: Box::new(bundle),
-        kubeconfig: data
-            .get(KUBECONFIG_KEY)
-            .and_then(|k| String::from_utf8(k.0.clone()).ok()),
+        legacy_kubeconfig: data.get(KUBECONFIG_KEY).map(|k| k.0.clone()),
+        has_talosconfig: data.contains_key(TALOSCONFIG_KEY),
     })
+}
+
+/// The cluster's kubeconfig Secret, read.
+enum KubeconfigState {
+    Stored(Vec<u8>),
+    Absent,
+    /// A Secret of that name belongs to another (earlier) cluster.
+    Stale,
+}
+
+async fn read_kubeconfig(
+    cluster: &TalosCluster,
+    secrets: &Api<Secret>,
+) -> Result<KubeconfigState, Error> {
+    let name = kubeconfig_secret_name(&cluster.name_any());
+    let Some(secret) = secrets
+        .get_opt(&name)
+        .await
+        .map_err(Error::kube(format!("read Secret {name}")))?
+    else {
+        return Ok(KubeconfigState::Absent);
+    };
+    if !owned_by(&secret.metadata, cluster.uid().as_deref()) {
+        return Ok(KubeconfigState::Stale);
+    }
+    Ok(secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(KUBECONFIG_KEY))
+        .map_or(KubeconfigState::Absent, |k| {
+            KubeconfigState::Stored(k.0.clone())
+        }))
+}
+
+/// Creates (or repairs) the kubeconfig Secret: the kubeconfig alone, owned by the cluster.
+async fn store_kubeconfig(
+    cluster: &TalosCluster,
+    secrets: &Api<Secret>,
+    kubeconfig: &[u8],
+) -> Result<(), Error> {
+    let name = kubeconfig_secret_name(&cluster.name_any());
+    let secret = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": cluster.namespace(),
+            "labels": secret_labels(cluster, KUBECONFIG_SECRET_COMPONENT),
+            "ownerReferences": cluster.controller_owner_ref(&()).map(|o| vec![o]),
+        },
+        "type": "Opaque",
+        "data": { KUBECONFIG_KEY: ByteString(kubeconfig.to_vec()) },
+    });
+    secrets
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .map_err(Error::kube(format!(
+            "store the kubeconfig in Secret {name}"
+        )))?;
+    Ok(())
+}
+
+/// Completes the secrets Secret once the kubeconfig has its own: an admin talosconfig for
+/// the control-plane members (written once), and no legacy kubeconfig copy.
+async fn finish_secrets_secret(
+    cluster: &TalosCluster,
+    secrets: &Api<Secret>,
+    bundle: &SecretsBundle,
+    control_plane: &[&Member],
+    has_talosconfig: bool,
+    has_legacy_kubeconfig: bool,
+) -> Result<(), Error> {
+    if has_talosconfig && !has_legacy_kubeconfig {
+        return Ok(());
+    }
+    let name = secret_name(&cluster.name_any());
+    let mut data = serde_json::Map::new();
+    if !has_talosconfig {
+        let addresses: Vec<String> = control_plane
+            .iter()
+            .filter_map(|m| m.address.clone())
+            .collect();
+        let talosconfig = kontinuum_talos_config::admin_talosconfig(
+            bundle,
+            &cluster.name_any(),
+            &addresses,
+            &addresses,
+            Timestamp::now(),
+            &mut rand_core::OsRng,
+        )
+        .map_err(Error::Secrets)?;
+        data.insert(
+            TALOSCONFIG_KEY.into(),
+            serde_json::to_value(ByteString(
+                talosconfig.talosconfig.expose().as_bytes().to_vec(),
+            ))
+            .unwrap_or_default(),
+        );
+    }
+    if has_legacy_kubeconfig {
+        data.insert(KUBECONFIG_KEY.into(), serde_json::Value::Null);
+    }
+    let patch = serde_json::json!({ "data": data });
+    secrets
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::kube(format!("complete Secret {name}")))?;
+    Ok(())
 }
 
 fn requested_version(cluster: &TalosCluster) -> &str {
@@ -512,8 +626,16 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
         .collect();
 
     // 2. the secrets bundle: created once, never regenerated.
-    let (bundle, stored_kubeconfig) = match ensure_secret(&mut run, &secrets, &version).await? {
-        SecretState::Ready { bundle, kubeconfig } => (bundle, kubeconfig),
+    let (bundle, legacy_kubeconfig, has_talosconfig) = match ensure_secret(
+        &mut run, &secrets, &version,
+    )
+    .await?
+    {
+        SecretState::Ready {
+            bundle,
+            legacy_kubeconfig,
+            has_talosconfig,
+        } => (bundle, legacy_kubeconfig, has_talosconfig),
         SecretState::Missing => {
             let secret = secret_name(&name);
             let message = format!(
@@ -548,10 +670,9 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
             }
             return run.finish(Action::requeue(RESYNC)).await;
         }
-        SecretState::Stale => {
+        SecretState::Stale { secret } => {
             let message = format!(
-                "Secret {} belongs to an earlier cluster of the same name; waiting for the garbage collector to delete it",
-                secret_name(&name)
+                "Secret {secret} belongs to an earlier cluster of the same name; waiting for the garbage collector to delete it"
             );
             run.set(
                 Cond::Bootstrapped,
@@ -755,36 +876,55 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
         }
     }
 
-    // 6. The kubeconfig, into the Secret.
-    if stored_kubeconfig.is_none() {
-        let fetched = async {
-            let client = ctx.settings.dialer.configured(&endpoint, &identity).await?;
-            ctx.metrics.external_call("talos", "Kubeconfig");
-            client.kubeconfig().await.map_err(|source| Error::Talos {
-                instance: endpoint.name.clone(),
-                source,
-            })
+    // 6. The kubeconfig, into a Secret of its own (the one `status.secretRef` names).
+    let stored_kubeconfig = match read_kubeconfig(cluster, &secrets).await? {
+        KubeconfigState::Stored(kubeconfig) => Some(kubeconfig),
+        KubeconfigState::Absent => None,
+        KubeconfigState::Stale => {
+            let message = format!(
+                "Secret {} belongs to an earlier cluster of the same name; waiting for the garbage collector to delete it",
+                kubeconfig_secret_name(&name)
+            );
+            run.set(
+                Cond::KubeconfigAvailable,
+                ConditionStatus::False,
+                Reason::StaleSecret,
+                message,
+            );
+            set_addons(&mut run, &addons, false);
+            return run.finish(Action::requeue(retry)).await;
         }
-        .await;
+    };
+    let kubeconfig_secret = kubeconfig_secret_name(&name);
+    if stored_kubeconfig.is_none() {
+        let fetched = match legacy_kubeconfig.clone() {
+            Some(kubeconfig) => Ok(kubeconfig),
+            None => {
+                async {
+                    let client = ctx.settings.dialer.configured(&endpoint, &identity).await?;
+                    ctx.metrics.external_call("talos", "Kubeconfig");
+                    client
+                        .kubeconfig()
+                        .await
+                        .map(kontinuum_talos::Kubeconfig::into_bytes)
+                        .map_err(|source| Error::Talos {
+                            instance: endpoint.name.clone(),
+                            source,
+                        })
+                }
+                .await
+            }
+        };
         match fetched {
             Ok(kubeconfig) => {
-                let secret = secret_name(&name);
-                let patch = serde_json::json!({
-                    "data": { KUBECONFIG_KEY: ByteString(kubeconfig.into_bytes()) }
-                });
-                secrets
-                    .patch(&secret, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map_err(Error::kube(format!(
-                        "store the kubeconfig in Secret {secret}"
-                    )))?;
-                info!(secret = %secret, "stored the kubeconfig");
+                store_kubeconfig(cluster, &secrets, &kubeconfig).await?;
+                info!(secret = %kubeconfig_secret, "stored the kubeconfig");
                 ctx.events
                     .normal(
                         &cluster.object_ref(&()),
                         Reason::KubeconfigAvailable.as_str(),
                         "Store",
-                        format!("stored the admin kubeconfig in Secret {secret}"),
+                        format!("stored the admin kubeconfig in Secret {kubeconfig_secret}"),
                     )
                     .await;
             }
@@ -807,14 +947,23 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
             }
         }
     }
+    finish_secrets_secret(
+        cluster,
+        &secrets,
+        &bundle,
+        &usable_cp,
+        has_talosconfig,
+        legacy_kubeconfig.is_some(),
+    )
+    .await?;
+    run.status.secret_ref = Some(LocalRef {
+        name: kubeconfig_secret.clone(),
+    });
     run.set(
         Cond::KubeconfigAvailable,
         ConditionStatus::True,
         Reason::KubeconfigAvailable,
-        format!(
-            "kubeconfig stored in Secret {} key {KUBECONFIG_KEY}",
-            secret_name(&name)
-        ),
+        format!("kubeconfig stored in Secret {kubeconfig_secret} key {KUBECONFIG_KEY}"),
     );
 
     // 7. Addons before health: nothing, CoreDNS included, runs before Cilium does.
@@ -1353,7 +1502,7 @@ async fn seed(run: &Run<'_>, to_seed: &[BuiltinAddon]) -> Result<(), Error> {
         );
         addon.metadata.namespace = cluster.namespace();
         addon.metadata.owner_references = cluster.controller_owner_ref(&()).map(|o| vec![o]);
-        let mut l = secret_labels(cluster);
+        let mut l = secret_labels(cluster, "addon");
         l.insert(labels::APP_COMPONENT.into(), "addon".into());
         l.insert(labels::APP_NAME.into(), release.into());
         addon.metadata.labels = Some(l);
@@ -1701,7 +1850,10 @@ pub async fn run(
     shutdown: Shutdown,
 ) {
     let store = ctx.clusters.clone();
-    let selector = format!("{}={SECRET_COMPONENT}", labels::APP_COMPONENT);
+    let selector = format!(
+        "{} in ({SECRETS_SECRET_COMPONENT},{KUBECONFIG_SECRET_COMPONENT})",
+        labels::APP_COMPONENT
+    );
     let secret_events = kontinuum_operator_common::admin::track_sync(
         kube::runtime::WatchStreamExt::default_backoff(watcher(
             secrets,

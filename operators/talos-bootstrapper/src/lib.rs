@@ -5,8 +5,9 @@
 //!
 //! * [`cluster`] reconciles `TalosCluster`s. It owns the cluster's status (conditions
 //!   `Bootstrapped`, `KubeconfigAvailable`, `ControlPlaneReady`, `AddonsReady`, `Ready`,
-//!   `Deleting`), its Secret `taloscluster-<name>` (keys `secrets-bundle`, created once and
-//!   never regenerated, and `kubeconfig`), the built-in Addons `<cluster>-<release>` it seeds,
+//!   `Deleting`), its Secrets `taloscluster-<name>` (keys `secrets-bundle`, created once and
+//!   never regenerated, and `talosconfig`; read by this operator alone) and
+//!   `taloscluster-<name>-kubeconfig` (key `kubeconfig` only, `status.secretRef`), the built-in Addons `<cluster>-<release>` it seeds,
 //!   the Instance conditions `Configured`, `Joined` and `Ready` of its members, and the
 //!   finalizer `kontinuum.sh/talos-bootstrapper` (teardown: reset workers, then the control
 //!   plane, then release or delete the Instances). Field manager

@@ -17,14 +17,17 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kontinuum_crds::conditions;
 use kontinuum_crds::labels::CLAIMED_BY;
-use kontinuum_crds::v1alpha2::{Addon, Instance, InstancePool, TalosCluster};
+use kontinuum_crds::v1alpha2::{
+    Addon, Instance, InstancePool, KUBECONFIG_KEY, SECRETS_BUNDLE_KEY, TALOSCONFIG_KEY,
+    TalosCluster, kubeconfig_secret_name, secrets_secret_name,
+};
 use kontinuum_e2e::bootstrapper::{
     AddonsReady, cluster_condition, create_cluster, create_instance, set_addon_ready,
     start_bootstrapper, start_operators, stored_kubeconfig, wait_cluster,
 };
 use kontinuum_e2e::testbed::unique_dir;
 use kontinuum_e2e::{eventually, install_kontinuum_crds, namespace, shared_client};
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use talos_emulator::{Emulator, Fault, Mode, Settings};
 
@@ -276,6 +279,87 @@ async fn one_control_plane_to_ready_never_latched_and_back_to_maintenance() {
         .await
         .unwrap();
 
+    // The Secrets are split by need: the kubeconfig alone in the Secret status.secretRef
+    // names; the bundle and an admin talosconfig in another.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let kubeconfig_secret = kubeconfig_secret_name("eu-1a");
+    let bundle_secret = secrets_secret_name("eu-1a");
+    let cluster_now = Api::<TalosCluster>::namespaced(client.clone(), &ns)
+        .get("eu-1a")
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster_now.status.unwrap().secret_ref.unwrap().name,
+        kubeconfig_secret
+    );
+    let data = |s: Secret| s.data.unwrap_or_default();
+    let held = data(secrets.get(&kubeconfig_secret).await.unwrap());
+    assert_eq!(held.keys().collect::<Vec<_>>(), [KUBECONFIG_KEY]);
+    let kubeconfig = held[KUBECONFIG_KEY].clone();
+    let bundle = data(secrets.get(&bundle_secret).await.unwrap());
+    assert_eq!(
+        bundle.keys().collect::<Vec<_>>(),
+        [SECRETS_BUNDLE_KEY, TALOSCONFIG_KEY]
+    );
+    let talosconfig = String::from_utf8(bundle[TALOSCONFIG_KEY].0.clone()).unwrap();
+    assert!(
+        talosconfig.contains("context: eu-1a") && talosconfig.contains(&first.to_string()),
+        "a talosconfig for eu-1a's control plane (not printed: it holds a private key)"
+    );
+    let bootstrapper = operators.last().unwrap();
+    let kubeconfig_calls = || async move {
+        let metrics = bootstrapper.metrics().await.unwrap();
+        let line = metrics
+            .lines()
+            .find(|l| l.contains("operation=\"Kubeconfig\""))
+            .map(str::to_owned)
+            .unwrap_or_default();
+        line.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok())
+    };
+    assert_eq!(kubeconfig_calls().await, Some(1));
+    // A kubeconfig left beside the bundle by a release before the split is moved into its
+    // own Secret, without asking Talos again, and removed from the bundle's.
+    secrets
+        .patch(
+            &bundle_secret,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "data": { KUBECONFIG_KEY: kubeconfig } })),
+        )
+        .await
+        .unwrap();
+    secrets
+        .delete(&kubeconfig_secret, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(LIMIT, "the legacy kubeconfig moved over", || async {
+        let moved = secrets
+            .get_opt(&kubeconfig_secret)
+            .await?
+            .is_some_and(|s| data(s).get(KUBECONFIG_KEY) == Some(&kubeconfig));
+        let stripped = !data(secrets.get(&bundle_secret).await?).contains_key(KUBECONFIG_KEY);
+        Ok(moved && stripped)
+    })
+    .await
+    .unwrap();
+    assert_eq!(kubeconfig_calls().await, Some(1));
+    // A deleted kubeconfig Secret is stored again, from Talos this time.
+    secrets
+        .delete(&kubeconfig_secret, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(LIMIT, "the kubeconfig Secret stored again", || async {
+        Ok(secrets
+            .get_opt(&kubeconfig_secret)
+            .await?
+            .is_some_and(|s| data(s).contains_key(KUBECONFIG_KEY)))
+    })
+    .await
+    .unwrap();
+    assert_eq!(kubeconfig_calls().await, Some(2));
+    wait_cluster(&client, &ns, "eu-1a", "Ready", "True", LIMIT)
+        .await
+        .unwrap();
+
     // Teardown: the machine back in maintenance mode, the Instance released, the children
     // collected by the real garbage collector, every finalizer gone.
     let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
@@ -316,9 +400,9 @@ async fn one_control_plane_to_ready_never_latched_and_back_to_maintenance() {
     )
     .await;
     gone(&addons, "the Addons collected").await;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    eventually(LIMIT, "the cluster Secret collected", || async {
-        Ok(secrets.get_opt("taloscluster-eu-1a").await?.is_none())
+    eventually(LIMIT, "both cluster Secrets collected", || async {
+        Ok(secrets.get_opt(&bundle_secret).await?.is_none()
+            && secrets.get_opt(&kubeconfig_secret).await?.is_none())
     })
     .await
     .unwrap();

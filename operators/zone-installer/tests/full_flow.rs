@@ -21,7 +21,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kontinuum_crds::labels::{CLAIMED_BY, IDENTITY_THUMBPRINT};
 use kontinuum_crds::names::seed_instance_name;
-use kontinuum_crds::v1alpha2::{Instance, TalosCluster, Zone};
+use kontinuum_crds::v1alpha2::{
+    Instance, KUBECONFIG_KEY, KUBECONFIG_SECRET_COMPONENT, SECRETS_BUNDLE_KEY, TALOSCONFIG_KEY,
+    TalosCluster, Zone, kubeconfig_secret_name, secrets_secret_name,
+};
 use kontinuum_e2e::addons::{
     ADDON_INSTALLER_ROLE, ChartRepo, install_addon_installer_role, start_addon_installer,
 };
@@ -29,8 +32,9 @@ use kontinuum_e2e::bootstrapper::{start_operators, stored_kubeconfig};
 use kontinuum_e2e::testbed::{Tools, unique_dir};
 use kontinuum_e2e::zone::wait_zone_condition;
 use kontinuum_e2e::{
-    Operator, audit_writes, eventually, install_kontinuum_crds, namespace,
-    service_account_kubeconfig, service_account_user, shared_client, workspace_binary,
+    Operator, audit_requests, audit_writes, eventually, install_kontinuum_crds, namespace,
+    secret_requests, service_account_kubeconfig, service_account_user, shared_client,
+    workspace_binary,
 };
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client, ResourceExt as _};
@@ -262,6 +266,81 @@ async fn a_zone_manifest_becomes_an_installed_zone_and_goes_away() {
                 .collect::<Vec<_>>()
         );
     }
+
+    // Secrets split by need (issue 14, deliverable 1), from the audit log, which records
+    // every Secret request: the addon-installer asks for the kubeconfig Secret that
+    // status.secretRef names and nothing else; its watch selects kubeconfig Secrets only. The
+    // zone-installer never asks for the secrets bundle either, and nobody watches all Secrets.
+    let cluster_status = Api::<TalosCluster>::namespaced(client.clone(), &ns)
+        .get("eu-flow")
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let kubeconfig_secret = cluster_status.secret_ref.unwrap().name;
+    assert_eq!(kubeconfig_secret, kubeconfig_secret_name("eu-flow"));
+    let bundle_secret = secrets_secret_name("eu-flow");
+    let kubeconfig_selector =
+        format!("labelSelector=app.kubernetes.io%2Fcomponent%3D{KUBECONFIG_SECRET_COMPONENT}");
+    let addon_installer = secret_requests(
+        &audit_requests(&log, &service_account_user(&ns, "addon-installer")).unwrap(),
+    );
+    let mut by_request = std::collections::BTreeMap::<(String, String), usize>::new();
+    for (verb, name, _) in &addon_installer {
+        *by_request
+            .entry((verb.clone(), name.clone().unwrap_or_default()))
+            .or_default() += 1;
+    }
+    eprintln!("addon-installer Secret requests (verb, name): {by_request:?}");
+    assert!(
+        addon_installer
+            .iter()
+            .any(|(verb, name, _)| verb == "get" && name.as_ref() == Some(&kubeconfig_secret)),
+        "the addon-installer read the kubeconfig Secret: {addon_installer:#?}"
+    );
+    for (verb, name, query) in &addon_installer {
+        match name {
+            Some(name) => assert!(
+                verb == "get" && *name == kubeconfig_secret,
+                "the addon-installer asked for Secret {name} ({verb})"
+            ),
+            None => assert!(
+                query.contains(&kubeconfig_selector),
+                "the addon-installer listed Secrets beyond kubeconfigs: {verb} ?{query}"
+            ),
+        }
+    }
+    for operator in ["zone-installer", "talos-bootstrapper"] {
+        let requests =
+            secret_requests(&audit_requests(&log, &service_account_user(&ns, operator)).unwrap());
+        assert!(!requests.is_empty(), "{operator} made no Secret request");
+        for (verb, name, query) in &requests {
+            if operator == "zone-installer" {
+                assert_ne!(
+                    name.as_ref(),
+                    Some(&bundle_secret),
+                    "the zone-installer asked for the secrets bundle ({verb})"
+                );
+            }
+            if name.is_none() && (verb == "list" || verb == "watch") {
+                assert!(
+                    query.contains("labelSelector=") || query.contains("fieldSelector="),
+                    "{operator} listed every Secret: {verb} ?{query}"
+                );
+            }
+        }
+    }
+    // The kubeconfig Secret holds the kubeconfig alone; the bundle's, bundle and talosconfig.
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    let keys = |s: Secret| -> Vec<String> { s.data.unwrap_or_default().into_keys().collect() };
+    assert_eq!(
+        keys(secrets.get(&kubeconfig_secret).await.unwrap()),
+        [KUBECONFIG_KEY]
+    );
+    assert_eq!(
+        keys(secrets.get(&bundle_secret).await.unwrap()),
+        [SECRETS_BUNDLE_KEY, TALOSCONFIG_KEY]
+    );
 
     // Remove: the footprint gone, the machine back in maintenance mode, the Instance
     // released (not deleted: unregisterInstances is unset), the hub objects gone.
