@@ -51,6 +51,7 @@ use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
 use kontinuum_operator_common::status::apply_status;
+use kontinuum_operator_common::tracked::{ChangeFilter, ObjectMap, forget_gone};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
@@ -538,9 +539,17 @@ pub async fn reconcile(addon: Arc<Addon>, ctx: Arc<Ctx>) -> Result<Action, Error
             FinalizerEvent::Cleanup(addon) => cleanup(&addon, &ctx).await,
         }
     })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))?;
-    Ok(action)
+    .await;
+    match action {
+        Ok(action) => Ok(action),
+        // A reconcile that started from a cached copy of an Addon another one had just
+        // released: it is gone, which is what removing the finalizer was for.
+        Err(
+            finalizer::Error::RemoveFinalizer(kube::Error::Api(status))
+            | finalizer::Error::AddFinalizer(kube::Error::Api(status)),
+        ) if status.code == 404 => Ok(Action::await_change()),
+        Err(e) => Err(Error::Finalizer(Box::new(e))),
+    }
 }
 
 /// The cluster of an Addon and its kubeconfig, as far as they exist.
@@ -1236,53 +1245,63 @@ fn is_ready(addon: &Addon) -> bool {
 type SpecKey = (Option<i64>, bool, Vec<String>);
 
 /// Remembers each Addon's generation, deletion and finalizers, so that a change of its
-/// status alone does not trigger a reconcile.
-#[derive(Debug, Default)]
-pub struct SpecChanges {
-    seen: Mutex<HashMap<ObjectRef<Addon>, SpecKey>>,
+/// status alone does not trigger a reconcile. Entries go with their Addons.
+#[derive(Clone, Debug)]
+pub struct SpecChanges(ChangeFilter<SpecKey>);
+
+impl Default for SpecChanges {
+    fn default() -> Self {
+        Self(ChangeFilter::new("spec_changes"))
+    }
 }
 
 impl SpecChanges {
     /// Whether anything but the status changed since `addon` was last seen.
     pub fn changed(&self, addon: &Addon) -> bool {
-        let key = ObjectRef::from_obj(addon);
-        let now = (
-            addon.metadata.generation,
-            addon.metadata.deletion_timestamp.is_some(),
-            addon.finalizers().to_vec(),
-        );
-        let mut seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let changed = seen.get(&key) != Some(&now);
-        seen.insert(key, now);
-        changed
+        self.0.changed(
+            object_key(addon),
+            (
+                addon.metadata.generation,
+                addon.metadata.deletion_timestamp.is_some(),
+                addon.finalizers().to_vec(),
+            ),
+        )
+    }
+
+    /// The map behind the filter.
+    pub fn map(&self) -> &ObjectMap<SpecKey> {
+        self.0.map()
     }
 }
 
 /// Remembers whether each Addon was Ready, so that only a change of readiness (or of
 /// priority or enablement, or a new Addon) wakes its siblings; every other change of an
-/// Addon (its own status messages, a resync) does not.
-#[derive(Debug, Default)]
-pub struct ReadinessTracker {
-    seen: Mutex<HashMap<ObjectRef<Addon>, (bool, i32, bool)>>,
+/// Addon (its own status messages, a resync) does not. Entries go with their Addons.
+#[derive(Clone, Debug)]
+pub struct ReadinessTracker(ChangeFilter<(bool, i32, bool)>);
+
+impl Default for ReadinessTracker {
+    fn default() -> Self {
+        Self(ChangeFilter::new("readiness"))
+    }
 }
 
 impl ReadinessTracker {
     /// Whether `addon`'s readiness, priority or enablement differ from when last seen.
     pub fn changed(&self, addon: &Addon) -> bool {
-        let key = ObjectRef::from_obj(addon);
-        let now = (
-            is_ready(addon),
-            resolve::priority(addon),
-            addon.spec.enabled,
-        );
-        let mut seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        seen.insert(key, now) != Some(now)
+        self.0.changed(
+            object_key(addon),
+            (
+                is_ready(addon),
+                resolve::priority(addon),
+                addon.spec.enabled,
+            ),
+        )
+    }
+
+    /// The map behind the tracker.
+    pub fn map(&self) -> &ObjectMap<(bool, i32, bool)> {
+        self.0.map()
     }
 }
 
@@ -1319,11 +1338,24 @@ pub async fn run(
     let Some(sibling_trigger) = addon_writer.subscribe() else {
         return;
     };
-    let addon_events = track_sync(
-        watcher(api::<Addon>(&client, namespace), watcher::Config::default()).default_backoff(),
-        &readiness,
+    // Per-Addon state, dropped with its Addon.
+    let backoff = Backoff::default();
+    let tracker = ReadinessTracker::default();
+    let changes = SpecChanges::default();
+    let addon_events = forget_gone(
+        track_sync(
+            watcher(api::<Addon>(&client, namespace), watcher::Config::default()).default_backoff(),
+            &readiness,
+        )
+        .reflect_shared(addon_writer),
+        addons.clone(),
+        vec![
+            Arc::new(backoff.clone()),
+            Arc::new(tracker.map().clone()),
+            Arc::new(changes.map().clone()),
+        ],
+        &metrics,
     )
-    .reflect_shared(addon_writer)
     .for_each(|_| std::future::ready(()));
 
     let (clusters, cluster_writer) = reflector::store();
@@ -1359,17 +1391,15 @@ pub async fn run(
         settings,
         metrics,
         events,
-        backoff: Backoff::default(),
+        backoff,
         renders: Mutex::new(HashMap::new()),
     });
     let by_cluster = addons.clone();
     let by_secret = addons.clone();
     let by_sibling = addons.clone();
-    let tracker = ReadinessTracker::default();
     let secret_clusters = clusters.clone();
     // An Addon's own status writes do not wake it (its backoff and requeues decide when it
     // runs again); spec, deletion and finalizer changes do.
-    let changes = SpecChanges::default();
     let addon_trigger =
         addon_trigger.filter(move |addon| std::future::ready(changes.changed(addon)));
     let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);

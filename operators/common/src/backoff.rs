@@ -2,9 +2,9 @@
 //! `base` up to `max` while it keeps failing, and starts over after a success. One object
 //! failing never slows another.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
+
+use crate::tracked::{Forget, ObjectMap};
 
 /// The delay before retry number `attempt` (0-based): `base * 2^attempt`, capped at `max`.
 pub fn delay(base: Duration, max: Duration, attempt: u32) -> Duration {
@@ -21,12 +21,13 @@ pub fn object_key<K: kube::ResourceExt>(object: &K) -> String {
     )
 }
 
-/// Failure counts by object key (see [`object_key`]).
-#[derive(Debug)]
+/// Failure counts by object key (see [`object_key`]), shared by clones. An entry goes with
+/// a success ([`Backoff::reset`]) or with its object ([`crate::tracked::forget_gone`]).
+#[derive(Clone, Debug)]
 pub struct Backoff {
     base: Duration,
     max: Duration,
-    attempts: Mutex<HashMap<String, u32>>,
+    attempts: ObjectMap<u32>,
 }
 
 impl Backoff {
@@ -35,28 +36,51 @@ impl Backoff {
         Self {
             base,
             max,
-            attempts: Mutex::new(HashMap::new()),
+            attempts: ObjectMap::new("backoff"),
         }
     }
 
     /// Records a failure of `key` and returns how long to wait before retrying it.
     pub fn next(&self, key: &str) -> Duration {
-        let mut attempts = self
-            .attempts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let attempt = attempts.entry(key.to_string()).or_insert(0);
-        let wait = delay(self.base, self.max, *attempt);
-        *attempt = attempt.saturating_add(1);
-        wait
+        self.attempts.update(|attempts| {
+            let attempt = attempts.entry(key.to_string()).or_insert(0);
+            let wait = delay(self.base, self.max, *attempt);
+            *attempt = attempt.saturating_add(1);
+            wait
+        })
     }
 
     /// Forgets the failures of `key` (after a successful reconcile or its deletion).
     pub fn reset(&self, key: &str) {
-        self.attempts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(key);
+        self.attempts.forget(key);
+    }
+
+    /// The objects with failures on record.
+    pub fn len(&self) -> usize {
+        self.attempts.len()
+    }
+
+    /// Whether no object has failures on record.
+    pub fn is_empty(&self) -> bool {
+        self.attempts.is_empty()
+    }
+}
+
+impl Forget for Backoff {
+    fn forget(&self, key: &str) {
+        self.attempts.forget(key);
+    }
+
+    fn retain_live(&self, live: &dyn Fn(&str) -> bool) -> usize {
+        self.attempts.retain_live(live)
+    }
+
+    fn name(&self) -> &'static str {
+        self.attempts.name()
+    }
+
+    fn report(&self, metrics: &crate::metrics::ControllerMetrics) {
+        self.attempts.report(metrics);
     }
 }
 

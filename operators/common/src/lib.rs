@@ -11,6 +11,7 @@
 //! * [`finalizer`]: adding and removing a finalizer, for cleanups that wait;
 //! * [`error`]: the stable `reason()` and transient/permanent class of reconcile errors;
 //! * [`backoff`]: per-object exponential backoff for failed reconciles;
+//! * [`tracked`]: per-object maps that drop an entry with its object;
 //! * [`claims`]: the compare-and-set claim label of Instances;
 //! * [`kubeconfig`]: clients for downstream clusters, with explicit timeouts;
 //! * [`operator`]: all of the above around a binary's controllers, for its `main`.
@@ -30,6 +31,7 @@ pub mod operator;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;
+pub mod tracked;
 
 /// Installs ring as the process's rustls crypto provider. Call it first in every `main`,
 /// before any client is built. Idempotent.

@@ -1,6 +1,8 @@
 //! Prometheus metrics (prometheus-client, OpenMetrics text). One [`Registry`] per binary;
 //! each controller registers under the prefix `kontinuum_<controller>`:
-//! `reconcile_total`, `reconcile_errors_total{reason}`, `reconcile_duration_seconds`.
+//! `reconcile_total`, `reconcile_errors_total{reason}`, `reconcile_duration_seconds`,
+//! `external_calls_total{system,operation}` and `tracked_objects{map}` (entries of the
+//! per-object maps, see [`crate::tracked`]).
 //! Labels come from bounded sets only (error reasons are constants).
 
 use std::sync::Arc;
@@ -9,6 +11,7 @@ use std::time::Instant;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
@@ -32,6 +35,13 @@ pub struct CallLabels {
     pub operation: String,
 }
 
+/// The label set of `tracked_objects`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MapLabels {
+    /// The map: `backoff`, `spec_changes`, ...
+    pub map: String,
+}
+
 /// The reconcile metrics of one controller.
 #[derive(Debug)]
 pub struct ControllerMetrics {
@@ -39,6 +49,7 @@ pub struct ControllerMetrics {
     errors: Family<ErrorLabels, Counter>,
     duration: Histogram,
     calls: Family<CallLabels, Counter>,
+    tracked: Family<MapLabels, Gauge>,
 }
 
 impl ControllerMetrics {
@@ -51,7 +62,13 @@ impl ControllerMetrics {
             // 1 ms .. ~33 s
             duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             calls: Family::default(),
+            tracked: Family::default(),
         };
+        sub.register(
+            "tracked_objects",
+            "Entries of the per-object maps (backoff, change filters, ...), by map: objects that exist, never deleted ones",
+            metrics.tracked.clone(),
+        );
         sub.register(
             "external_calls",
             "Calls to systems outside the hub (machines, helm, downstream clusters), by system and operation",
@@ -88,6 +105,15 @@ impl ControllerMetrics {
                 operation: operation.to_owned(),
             })
             .inc();
+    }
+
+    /// The gauge `tracked_objects{map}`.
+    pub fn tracked(&self, map: &str) -> Gauge {
+        self.tracked
+            .get_or_create(&MapLabels {
+                map: map.to_owned(),
+            })
+            .clone()
     }
 
     /// Counts a failed reconcile.

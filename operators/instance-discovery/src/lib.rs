@@ -41,6 +41,7 @@ use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
 use kontinuum_operator_common::status::apply_status;
+use kontinuum_operator_common::tracked::forget_gone;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Api, Client, Resource as _, ResourceExt as _};
@@ -403,11 +404,16 @@ pub async fn run(ctx: Ctx, namespace: Option<&str>, readiness: Readiness, shutdo
         None => Api::all(ctx.client.clone()),
     };
     let (store, writer) = reflector::store();
-    let stream = track_sync(
-        watcher(api, watcher::Config::default()).default_backoff(),
-        &readiness,
+    let stream = forget_gone(
+        track_sync(
+            watcher(api, watcher::Config::default()).default_backoff(),
+            &readiness,
+        )
+        .reflect(writer),
+        store.clone(),
+        vec![Arc::new(ctx.backoff.clone())],
+        &ctx.metrics,
     )
-    .reflect(writer)
     .applied_objects();
     let concurrency = ctx.settings.concurrency;
     Controller::for_stream(stream, store)

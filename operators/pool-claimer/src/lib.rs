@@ -32,6 +32,7 @@ use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
 use kontinuum_operator_common::status::apply_status;
+use kontinuum_operator_common::tracked::forget_gone;
 use kube::api::ListParams;
 use kube::core::{Selector, SelectorExt as _};
 use kube::runtime::controller::{Action, Controller};
@@ -555,11 +556,17 @@ pub async fn run(
     .reflect(writer)
     .applied_objects();
     let (pools, pool_writer) = reflector::store();
-    let pool_events = track_sync(
-        watcher(pools_api, watcher::Config::default()).default_backoff(),
-        &readiness,
+    let backoff = Backoff::default();
+    let pool_events = forget_gone(
+        track_sync(
+            watcher(pools_api, watcher::Config::default()).default_backoff(),
+            &readiness,
+        )
+        .reflect(pool_writer),
+        pools.clone(),
+        vec![Arc::new(backoff.clone())],
+        &metrics,
     )
-    .reflect(pool_writer)
     .applied_objects();
     let controller = Controller::for_stream(pool_events, pools.clone());
     let ctx = Arc::new(Ctx {
@@ -567,7 +574,7 @@ pub async fn run(
         instances,
         metrics,
         events,
-        backoff: Backoff::default(),
+        backoff,
     });
     let mapper_pools = pools.clone();
     kontinuum_operator_common::operator::drain(

@@ -47,6 +47,7 @@ use kontinuum_operator_common::error::{chain, retry_after_backoff};
 use kontinuum_operator_common::finalizer;
 use kontinuum_operator_common::shutdown::Shutdown;
 use kontinuum_operator_common::status::apply_status;
+use kontinuum_operator_common::tracked::Forget as _;
 use kontinuum_talos::{ApplyMode, ClientIdentity, ErrorKind};
 use kontinuum_talos_config::{SecretsBundle, TalosVersion};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -974,18 +975,17 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
     // 8. ControlPlaneReady: Cilium Ready and the Talos health check passing.
     let mut action = Action::requeue(RESYNC.min(ctx.settings.health_interval));
     if view.cni_ready {
-        let uid = cluster.uid().unwrap_or_default();
+        let key = object_key(cluster);
         let due = !cp_ready_before
-            || ctx.last_healthy.lock().map_or(true, |m| {
-                m.get(&uid)
+            || ctx.last_healthy.update(|m| {
+                m.get(&key)
                     .is_none_or(|t| t.elapsed() >= ctx.settings.health_interval)
             });
         if due {
             match health_check(ctx, &endpoint, &identity, &usable_cp).await {
                 Ok(()) => {
-                    if let Ok(mut m) = ctx.last_healthy.lock() {
-                        m.insert(uid, tokio::time::Instant::now());
-                    }
+                    ctx.last_healthy
+                        .update(|m| m.insert(key, tokio::time::Instant::now()));
                     join_members(&mut run, &identity, &usable_cp, true).await;
                     run.set(
                         Cond::ControlPlaneReady,
@@ -1696,9 +1696,7 @@ async fn cleanup(cluster: &TalosCluster, ctx: &Ctx) -> Result<Option<Action>, Er
                 .await;
         }
         remove_secret_finalizer(&secrets, &secret_name(&name)).await?;
-        if let Ok(mut m) = ctx.last_healthy.lock() {
-            m.remove(&cluster.uid().unwrap_or_default());
-        }
+        ctx.last_healthy.forget(&object_key(cluster));
         info!("teardown finished");
         return Ok(None);
     }

@@ -39,6 +39,7 @@ use kontinuum_operator_common::error::{ErrorClass, ReconcileError, kube_error_cl
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
+use kontinuum_operator_common::tracked::{ObjectMap, forget_gone};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client};
@@ -86,8 +87,9 @@ pub struct Ctx {
     pub events: Events,
     /// Per-object backoff after failures.
     pub backoff: Backoff,
-    /// When each cluster's control plane last passed its health check (by UID).
-    pub last_healthy: std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>,
+    /// When each cluster's control plane last passed its health check (`namespace/name`;
+    /// dropped with the cluster).
+    pub last_healthy: ObjectMap<tokio::time::Instant>,
 }
 
 impl Ctx {
@@ -252,15 +254,23 @@ pub async fn run(
     .reflect(addon_writer)
     .touched_objects();
     let (clusters, cluster_writer) = reflector::store();
-    let cluster_events = track_sync(
-        watcher(
-            api::<TalosCluster>(&client, namespace),
-            watcher::Config::default(),
+    // Per-cluster state, dropped with its cluster.
+    let backoff = Backoff::default();
+    let last_healthy = ObjectMap::new("last_healthy");
+    let cluster_events = forget_gone(
+        track_sync(
+            watcher(
+                api::<TalosCluster>(&client, namespace),
+                watcher::Config::default(),
+            )
+            .default_backoff(),
+            &readiness,
         )
-        .default_backoff(),
-        &readiness,
+        .reflect(cluster_writer),
+        clusters.clone(),
+        vec![Arc::new(backoff.clone()), Arc::new(last_healthy.clone())],
+        &metrics,
     )
-    .reflect(cluster_writer)
     .applied_objects();
 
     let ctx = Arc::new(Ctx {
@@ -271,8 +281,8 @@ pub async fn run(
         settings,
         metrics,
         events,
-        backoff: Backoff::default(),
-        last_healthy: std::sync::Mutex::default(),
+        backoff,
+        last_healthy,
     });
     let secrets = api::<k8s_openapi::api::core::v1::Secret>(&client, namespace);
     let clusters_done = cluster::run(

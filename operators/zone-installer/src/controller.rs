@@ -2,8 +2,7 @@
 //! identity), plan (pure: [`fanout`], [`identity`], [`status`], [`footprint::render`]), act
 //! (server-side apply, only what differs), report (one status write, only when changed).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -28,6 +27,7 @@ use kontinuum_operator_common::kubeconfig::{self, KubeconfigError};
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
 use kontinuum_operator_common::status::apply_status;
+use kontinuum_operator_common::tracked::{ChangeFilter, ObjectMap, forget_gone};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
@@ -66,7 +66,7 @@ pub struct Ctx {
     pub backoff: Backoff,
     /// The rotation request last handled per Zone (`namespace/name`): a reconcile that
     /// runs before the store shows the status that recorded it must not rotate again.
-    pub rotations: Mutex<HashMap<String, String>>,
+    pub rotations: ObjectMap<String>,
 }
 
 /// What can go wrong in a reconcile. Each is reported in a condition too.
@@ -665,9 +665,7 @@ async fn install(
             let value = annotation.map(str::to_owned);
             if let Some(value) = &value {
                 ctx.rotations
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(object_key(zone), value.clone());
+                    .update(|m| m.insert(object_key(zone), value.clone()));
             }
             value
         } else {
@@ -679,11 +677,7 @@ async fn install(
 
 /// The rotation request this process last handled for `zone`, if any.
 fn handled_rotation(ctx: &Ctx, zone: &Zone) -> Option<String> {
-    ctx.rotations
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(&object_key(zone))
-        .cloned()
+    ctx.rotations.update(|m| m.get(&object_key(zone)).cloned())
 }
 
 /// Keeps the zone cluster's identity or issues one, as [`identity::decide`] says, and
@@ -959,27 +953,34 @@ async fn remove_footprint(
 type SpecKey = (Option<i64>, bool, Vec<String>, Option<String>);
 
 /// Remembers what of each Zone triggers a reconcile (generation, deletion, finalizers,
-/// the rotation annotation), so that its own status writes do not.
-#[derive(Debug, Default)]
-pub struct SpecChanges {
-    seen: Mutex<HashMap<ObjectRef<Zone>, SpecKey>>,
+/// the rotation annotation), so that its own status writes do not. Entries go with their
+/// Zones.
+#[derive(Clone, Debug)]
+pub struct SpecChanges(ChangeFilter<SpecKey>);
+
+impl Default for SpecChanges {
+    fn default() -> Self {
+        Self(ChangeFilter::new("spec_changes"))
+    }
 }
 
 impl SpecChanges {
     /// Whether anything but the status changed since `zone` was last seen.
     pub fn changed(&self, zone: &Zone) -> bool {
-        let key = ObjectRef::from_obj(zone);
-        let now = (
-            zone.metadata.generation,
-            zone.metadata.deletion_timestamp.is_some(),
-            zone.finalizers().to_vec(),
-            zone.annotations().get(ROTATE_IDENTITY).cloned(),
-        );
-        let mut seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        seen.insert(key, now.clone()) != Some(now)
+        self.0.changed(
+            object_key(zone),
+            (
+                zone.metadata.generation,
+                zone.metadata.deletion_timestamp.is_some(),
+                zone.finalizers().to_vec(),
+                zone.annotations().get(ROTATE_IDENTITY).cloned(),
+            ),
+        )
+    }
+
+    /// The map behind the filter.
+    pub fn map(&self) -> &ObjectMap<SpecKey> {
+        self.0.map()
     }
 }
 
@@ -1057,11 +1058,24 @@ pub async fn run(
     let Some(zone_trigger) = zone_writer.subscribe() else {
         return;
     };
-    let zone_events = track_sync(
-        watcher(api::<Zone>(&client, namespace), watcher::Config::default()).default_backoff(),
-        &readiness,
+    // Per-Zone state, dropped with its Zone.
+    let backoff = Backoff::default();
+    let rotations = ObjectMap::new("rotations");
+    let changes = SpecChanges::default();
+    let zone_events = forget_gone(
+        track_sync(
+            watcher(api::<Zone>(&client, namespace), watcher::Config::default()).default_backoff(),
+            &readiness,
+        )
+        .reflect_shared(zone_writer),
+        zones.clone(),
+        vec![
+            Arc::new(backoff.clone()),
+            Arc::new(rotations.clone()),
+            Arc::new(changes.map().clone()),
+        ],
+        &metrics,
     )
-    .reflect_shared(zone_writer)
     .for_each(|_| std::future::ready(()));
 
     let (clusters, cluster_writer) = reflector::store();
@@ -1115,10 +1129,9 @@ pub async fn run(
         kontinuums: kontinuums.clone(),
         metrics,
         events,
-        backoff: Backoff::default(),
-        rotations: Mutex::new(HashMap::new()),
+        backoff,
+        rotations,
     });
-    let changes = SpecChanges::default();
     let zone_trigger = zone_trigger.filter(move |zone| std::future::ready(changes.changed(zone)));
     let by_instance = zones.clone();
     let by_kontinuum = zones.clone();
