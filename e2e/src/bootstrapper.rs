@@ -238,6 +238,17 @@ pub async fn stored_kubeconfig(client: &Client, ns: &str, name: &str) -> anyhow:
     Ok(String::from_utf8(bytes.0)?)
 }
 
+/// instance-discovery's flags for the test bed: a slow re-probe, fast retries, and a short
+/// dial timeout (emulated machines answer at once or not at all).
+pub const DISCOVERY_ARGS: [&str; 6] = [
+    "--reprobe-seconds",
+    "60",
+    "--retry-seconds",
+    "1",
+    "--dial-timeout-seconds",
+    "3",
+];
+
 /// Starts the three operators (instance-discovery, pool-claimer, talos-bootstrapper) for
 /// `ns`, each as its own ServiceAccount. `bootstrapper` is the talos-bootstrapper binary
 /// (tests pass `CARGO_BIN_EXE_talos-bootstrapper`); `extra` go to it.
@@ -254,14 +265,7 @@ pub async fn start_operators(
         (
             "instance-discovery",
             crate::INSTANCE_DISCOVERY_ROLE,
-            vec![
-                "--reprobe-seconds",
-                "60",
-                "--retry-seconds",
-                "1",
-                "--dial-timeout-seconds",
-                "3",
-            ],
+            DISCOVERY_ARGS.to_vec(),
         ),
         ("pool-claimer", crate::POOL_CLAIMER_ROLE, vec![]),
     ] {

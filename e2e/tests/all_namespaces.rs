@@ -19,7 +19,7 @@ use kontinuum_crds::labels::CLAIMED_BY;
 use kontinuum_crds::names::seed_instance_name;
 use kontinuum_crds::v1alpha2::{Addon, Instance, InstancePool, TalosCluster, Zone};
 use kontinuum_e2e::addons::{ADDON_INSTALLER_ROLE, ChartRepo, install_addon_installer_role};
-use kontinuum_e2e::bootstrapper::{TALOS_BOOTSTRAPPER_ROLE, install_role};
+use kontinuum_e2e::bootstrapper::{DISCOVERY_ARGS, TALOS_BOOTSTRAPPER_ROLE, install_role};
 use kontinuum_e2e::testbed::{ControlPlane, ControlPlaneConfig, Tools, unique_dir};
 use kontinuum_e2e::zone::wait_zone_condition;
 use kontinuum_e2e::{
@@ -27,7 +27,7 @@ use kontinuum_e2e::{
     install_operator_roles, namespace, service_account_kubeconfig_for, workspace_binary,
 };
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::{Client, ResourceExt as _};
+use kube::{Client, ResourceExt};
 use talos_emulator::{Emulator, Mode, Settings};
 
 const LIMIT: Duration = Duration::from_secs(240);
@@ -90,14 +90,7 @@ async fn every_operator_watching_all_namespaces_serves_two_teams() {
         (
             "instance-discovery",
             INSTANCE_DISCOVERY_ROLE,
-            vec![
-                "--reprobe-seconds",
-                "60",
-                "--retry-seconds",
-                "1",
-                "--dial-timeout-seconds",
-                "3",
-            ],
+            DISCOVERY_ARGS.to_vec(),
         ),
         ("pool-claimer", POOL_CLAIMER_ROLE, vec![]),
         (
@@ -186,7 +179,10 @@ async fn every_operator_watching_all_namespaces_serves_two_teams() {
         let seed = seed_instance_name("eu", zone, &address.to_string()).unwrap();
         assert_eq!(names::<TalosCluster>(&client, ns).await, [name]);
         assert_eq!(names::<InstancePool>(&client, ns).await, [name]);
-        assert_eq!(names::<Instance>(&client, ns).await, [seed.clone()]);
+        assert_eq!(
+            names::<Instance>(&client, ns).await,
+            std::slice::from_ref(&seed)
+        );
         let instance = Api::<Instance>::namespaced(client.clone(), ns)
             .get(&seed)
             .await
@@ -212,13 +208,17 @@ async fn every_operator_watching_all_namespaces_serves_two_teams() {
             .unwrap();
     }
     for (ns, (name, _)) in teams.iter().zip(zones) {
-        eventually(LIMIT, &format!("Zone {name} and its cluster gone"), || async {
-            Ok(Api::<Zone>::namespaced(client.clone(), ns)
-                .get_opt(name)
-                .await?
-                .is_none()
-                && names::<TalosCluster>(&client, ns).await.is_empty())
-        })
+        eventually(
+            LIMIT,
+            &format!("Zone {name} and its cluster gone"),
+            || async {
+                Ok(Api::<Zone>::namespaced(client.clone(), ns)
+                    .get_opt(name)
+                    .await?
+                    .is_none()
+                    && names::<TalosCluster>(&client, ns).await.is_empty())
+            },
+        )
         .await
         .unwrap();
     }
