@@ -448,6 +448,10 @@ vocabulary! {
         /// the normal backoff (a Role fix needs no spec change), but reported as this rather
         /// than as waiting.
         Forbidden,
+        /// `Healthy=Unknown` (and `Installed=False` if it was not True): the zone cluster
+        /// does not answer (connection refused, reset or timed out); the message says what
+        /// was being done. Retried with backoff; the release is left as it is.
+        ClusterUnreachable,
     }
 }
 

@@ -296,6 +296,26 @@ pub fn reconciles(metrics: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// `kontinuum_addon_installer_tracked_objects{map}` from the operator's `/metrics` text.
+pub fn tracked_objects(metrics: &str, map: &str) -> Option<u64> {
+    let prefix = format!("kontinuum_addon_installer_tracked_objects{{map=\"{map}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+/// The name of the fixture cilium agent pod (namespace `kube-system`) of a zone cluster.
+pub async fn agent_pod(down: &Client) -> anyhow::Result<String> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(down.clone(), "kube-system");
+    pods.list(&kube::api::ListParams::default().labels("app.kubernetes.io/name=cilium-agent"))
+        .await?
+        .items
+        .first()
+        .map(kube::ResourceExt::name_any)
+        .context("no cilium agent pod")
+}
+
 /// Sets the readiness of the fixture cilium agent pod `pod` (namespace `kube-system`) in its
 /// status, as a kubelet would report it: `Ready`, `ContainersReady` and the `cilium-agent`
 /// container status.

@@ -14,7 +14,6 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kontinuum_crds::conditions;
 use kontinuum_crds::v1alpha2::{Addon, Instance, TalosCluster};
@@ -154,13 +153,7 @@ async fn a_cluster_becomes_ready_with_the_real_addon_installer() {
 
     // Pod health reaches the TalosCluster: a cilium agent pod NotReady turns the Addon and
     // the cluster Ready=False, naming the pod; restored, both are Ready again.
-    let pods: Api<Pod> = Api::namespaced(down.clone(), "kube-system");
-    let agent = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/name=cilium-agent"))
-        .await
-        .unwrap()
-        .items[0]
-        .name_any();
+    let agent = kontinuum_e2e::addons::agent_pod(&down).await.unwrap();
     kontinuum_e2e::addons::set_agent_pod_ready(&down, &agent, false)
         .await
         .unwrap();

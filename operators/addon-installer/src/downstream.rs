@@ -56,6 +56,16 @@ fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> DownstreamErr
 
 /// A client for a downstream cluster, with connect/read/write timeouts of `timeout`.
 pub async fn connect(kubeconfig: &str, timeout: Duration) -> Result<Client, DownstreamError> {
+    connect_for_watch(kubeconfig, timeout, timeout).await
+}
+
+/// A client for a downstream cluster whose reads may wait `read` (a watch request, open
+/// until the server ends it), with connect and write timeouts of `timeout`.
+pub async fn connect_for_watch(
+    kubeconfig: &str,
+    timeout: Duration,
+    read: Duration,
+) -> Result<Client, DownstreamError> {
     let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig)
         .map_err(|_| DownstreamError::Kubeconfig("not a kubeconfig document"))?;
     let mut config =
@@ -63,7 +73,7 @@ pub async fn connect(kubeconfig: &str, timeout: Duration) -> Result<Client, Down
             .await
             .map_err(|_| DownstreamError::Kubeconfig("no usable context, cluster or user"))?;
     config.connect_timeout = Some(timeout);
-    config.read_timeout = Some(timeout);
+    config.read_timeout = Some(read);
     config.write_timeout = Some(timeout);
     Client::try_from(config).map_err(DownstreamError::Client)
 }

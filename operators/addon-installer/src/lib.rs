@@ -12,8 +12,10 @@
 //!   `dependsOn`, mapped to the siblings that are not `Ready`); TalosCluster changes and
 //!   changes of the cluster's kubeconfig Secret (mapped to the cluster's Addons; the Secret
 //!   watch selects `app.kubernetes.io/component=talos-cluster-kubeconfig`, and the only
-//!   Secret ever read is the one `status.secretRef` names, never the secrets bundle); a resync
-//!   (`--resync-interval`) that probes health and repairs drift without a new revision.
+//!   Secret ever read is the one `status.secretRef` names, never the secrets bundle); a
+//!   change of pod health in the zone cluster, from one pod watch per cluster
+//!   ([`pod_watch`]); a resync (`--resync-interval`) that probes health and repairs drift
+//!   without a new revision.
 //! * Never: writes the TalosCluster or its Secrets, upgrades a release whose desired state
 //!   did not change, or waits for workloads inside a helm call (`--wait` is never used).
 //!
@@ -25,6 +27,7 @@ pub mod downstream;
 pub mod health;
 pub mod helm;
 pub mod manifests;
+pub mod pod_watch;
 pub mod resolve;
 
 use std::collections::HashMap;
@@ -51,6 +54,7 @@ use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
 use kontinuum_operator_common::status::apply_status;
+use kontinuum_operator_common::subscribe;
 use kontinuum_operator_common::tracked::{ChangeFilter, ObjectMap, forget_gone};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
@@ -207,6 +211,8 @@ pub struct Ctx {
     pub backoff: Backoff,
     /// Renderings by desired-state hash (the CRD gate needs the chart's CRDs).
     pub renders: Mutex<HashMap<String, Arc<Rendered>>>,
+    /// The pod watches of the zone clusters (health between resyncs).
+    pub pods: pod_watch::PodWatches,
 }
 
 /// What can go wrong in a reconcile. Install failures are also written to the status.
@@ -277,6 +283,8 @@ pub enum Outcome {
     InstallFailed(String),
     /// The hub's or the zone cluster's RBAC refused a call (an API 403); retried.
     Forbidden(String),
+    /// The zone cluster does not answer; retried, the release left as it is.
+    Unreachable(String),
     /// Installed at the desired state; health as probed.
     Installed {
         /// What is installed, e.g. `revision 3 of cilium-1.20.1`.
@@ -303,99 +311,68 @@ pub enum Health {
 
 /// Sets `Installed` and `Healthy` (and what is installed) for an outcome.
 fn set_outcome(status: &mut AddonStatus, outcome: &Outcome, generation: Option<i64>, now: &Time) {
-    let mut conditions = std::mem::take(&mut status.conditions);
-    let mut set = |c: Cond, s: ConditionStatus, r: Reason, m: &str| {
-        conditions::set(
-            &mut conditions,
-            conditions::new(c, s, r, m, generation),
-            now,
-        );
-    };
+    use ConditionStatus::{False, True, Unknown};
     let not_probed = "not probed: the release is not installed at the desired state";
-    match outcome {
-        Outcome::Disabled(m) => {
-            set(Cond::Installed, ConditionStatus::False, Reason::Disabled, m);
-            set(Cond::Healthy, ConditionStatus::Unknown, Reason::Disabled, m);
-        }
-        Outcome::WaitingForKubeconfig(m) => {
-            set(
-                Cond::Installed,
-                ConditionStatus::False,
-                Reason::WaitingForKubeconfig,
-                m,
-            );
-            set(
-                Cond::Healthy,
-                ConditionStatus::Unknown,
-                Reason::Reconciling,
-                not_probed,
-            );
-        }
-        Outcome::WaitingForDependency(m) => {
-            set(
-                Cond::Installed,
-                ConditionStatus::False,
-                Reason::WaitingForDependency,
-                m,
-            );
-            set(
-                Cond::Healthy,
-                ConditionStatus::Unknown,
-                Reason::Reconciling,
-                not_probed,
-            );
-        }
-        Outcome::InstallFailed(m) | Outcome::Forbidden(m) => {
-            let reason = if matches!(outcome, Outcome::Forbidden(_)) {
-                Reason::Forbidden
-            } else {
-                Reason::InstallFailed
-            };
-            set(Cond::Installed, ConditionStatus::False, reason, m);
-            set(
-                Cond::Healthy,
-                ConditionStatus::Unknown,
-                Reason::Reconciling,
-                not_probed,
-            );
-        }
+    let was_installed = conditions::is_true(&status.conditions, Cond::Installed);
+    // (Installed, if it changes; Healthy), each as status, reason and message.
+    let (installed, healthy): (Option<(ConditionStatus, Reason, &str)>, _) = match outcome {
+        Outcome::Disabled(m) => (
+            Some((False, Reason::Disabled, m)),
+            (Unknown, Reason::Disabled, m.as_str()),
+        ),
+        Outcome::WaitingForKubeconfig(m) => (
+            Some((False, Reason::WaitingForKubeconfig, m)),
+            (Unknown, Reason::Reconciling, not_probed),
+        ),
+        Outcome::WaitingForDependency(m) => (
+            Some((False, Reason::WaitingForDependency, m)),
+            (Unknown, Reason::Reconciling, not_probed),
+        ),
+        Outcome::InstallFailed(m) => (
+            Some((False, Reason::InstallFailed, m)),
+            (Unknown, Reason::Reconciling, not_probed),
+        ),
+        Outcome::Forbidden(m) => (
+            Some((False, Reason::Forbidden, m)),
+            (Unknown, Reason::Reconciling, not_probed),
+        ),
+        // What was installed stays recorded: the cluster may come back as it was.
+        Outcome::Unreachable(m) => (
+            (!was_installed).then_some((False, Reason::ClusterUnreachable, m.as_str())),
+            (Unknown, Reason::ClusterUnreachable, m.as_str()),
+        ),
         Outcome::Installed {
             summary,
             chart_version,
             revision,
             health,
         } => {
-            set(
-                Cond::Installed,
-                ConditionStatus::True,
-                Reason::Installed,
-                summary,
-            );
-            match health {
-                Health::CrdsNotReady(m) => {
-                    set(
-                        Cond::Healthy,
-                        ConditionStatus::False,
-                        Reason::CRDsNotReady,
-                        m,
-                    );
-                }
-                Health::NotHealthy(m) => {
-                    set(Cond::Healthy, ConditionStatus::False, Reason::NotHealthy, m);
-                }
-                Health::Healthy => set(
-                    Cond::Healthy,
-                    ConditionStatus::True,
-                    Reason::Healthy,
-                    "CRDs established and workloads ready",
-                ),
-            }
             status.chart_version.clone_from(chart_version);
             status.revision = *revision;
             status.observed_generation = generation;
+            let healthy = match health {
+                Health::CrdsNotReady(m) => (False, Reason::CRDsNotReady, m.as_str()),
+                Health::NotHealthy(m) => (False, Reason::NotHealthy, m.as_str()),
+                Health::Healthy => (
+                    True,
+                    Reason::Healthy,
+                    "CRDs established and workloads ready",
+                ),
+            };
+            (Some((True, Reason::Installed, summary.as_str())), healthy)
         }
+    };
+    let mut set = |c: Cond, (s, r, m): (ConditionStatus, Reason, &str)| {
+        conditions::set(
+            &mut status.conditions,
+            conditions::new(c, s, r, m, generation),
+            now,
+        );
+    };
+    if let Some(installed) = installed {
+        set(Cond::Installed, installed);
     }
-    status.conditions = conditions;
+    set(Cond::Healthy, healthy);
 }
 
 /// Pure: the status an outcome leads to.
@@ -653,6 +630,7 @@ async fn write_status(
                 outcome,
                 Outcome::InstallFailed(_)
                     | Outcome::Forbidden(_)
+                    | Outcome::Unreachable(_)
                     | Outcome::Installed {
                         health: Health::NotHealthy(_) | Health::CrdsNotReady(_),
                         ..
@@ -712,11 +690,16 @@ async fn apply(addon: &Addon, ctx: &Ctx) -> Result<Action, Error> {
         }
     };
     if !addon.spec.enabled {
+        ctx.pods.unwatch(&ObjectRef::from_obj(addon));
         return disable(addon, ctx, &access).await;
     }
     let (cluster, kubeconfig) = match access {
-        Access::ClusterDeleting => return Ok(Action::await_change()),
+        Access::ClusterDeleting => {
+            ctx.pods.unwatch(&ObjectRef::from_obj(addon));
+            return Ok(Action::await_change());
+        }
         Access::NoCluster => {
+            ctx.pods.unwatch(&ObjectRef::from_obj(addon));
             let message = format!(
                 "TalosCluster {} not found",
                 addon.spec.talos_cluster_ref.name
@@ -755,7 +738,24 @@ async fn apply(addon: &Addon, ctx: &Ctx) -> Result<Action, Error> {
                     ..
                 }
             );
-            Ok(Action::requeue(if healthy {
+            let cluster_key = format!(
+                "{}/{}",
+                cluster.namespace().unwrap_or_default(),
+                cluster.name_any()
+            );
+            if matches!(outcome, Outcome::Installed { .. }) {
+                // From now on a pod change downstream wakes this Addon, not the resync.
+                ctx.pods.watch(
+                    &cluster_key,
+                    &kubeconfig,
+                    ObjectRef::from_obj(addon),
+                    pod_target(&request),
+                    healthy,
+                );
+            }
+            // While the pod watch is down, health is probed at the retry interval instead.
+            let watched = ctx.pods.lost(&cluster_key).is_none();
+            Ok(Action::requeue(if healthy && watched {
                 ctx.settings.resync
             } else {
                 ctx.settings.retry
@@ -773,9 +773,27 @@ async fn apply(addon: &Addon, ctx: &Ctx) -> Result<Action, Error> {
 /// `InstallFailed` with `context` (what was being done) and the error chain. Helm's own
 /// output is never in the chain (see [`HelmError`]).
 fn failed(err: &Error, context: &str) -> Outcome {
-    match forbidden(err) {
-        Some(message) => Outcome::Forbidden(message),
-        None => Outcome::InstallFailed(format!("{context}: {}", chain(err))),
+    if let Some(message) = forbidden(err) {
+        return Outcome::Forbidden(message);
+    }
+    if unreachable(err) {
+        return Outcome::Unreachable(format!(
+            "the zone cluster does not answer ({context}): {}",
+            chain(err)
+        ));
+    }
+    Outcome::InstallFailed(format!("{context}: {}", chain(err)))
+}
+
+/// Whether `err` says the zone cluster could not be reached (refused, reset, timed out),
+/// rather than that it answered with an error.
+pub fn unreachable(err: &Error) -> bool {
+    match err {
+        Error::Timeout(_) => true,
+        Error::Downstream(DownstreamError::Api { source, .. }) => {
+            matches!(source, kube::Error::HyperError(_) | kube::Error::Service(_))
+        }
+        _ => false,
     }
 }
 
@@ -921,7 +939,6 @@ async fn act(
 /// The CRD gate, then the pod probe.
 async fn probe(ctx: &Ctx, client: &Client, request: &InstallRequest) -> Result<Health, Error> {
     let limit = ctx.settings.probe_timeout;
-    let release = &request.release;
     let ns = &request.namespace;
     let rendered = if let Some(r) = cached_render(ctx, &request.hash) {
         r
@@ -943,11 +960,7 @@ async fn probe(ctx: &Ctx, client: &Client, request: &InstallRequest) -> Result<H
     Ok(if let Some(problem) = health::crd_verdict(&states) {
         Health::CrdsNotReady(problem)
     } else {
-        let selectors = health::selectors(
-            release,
-            request.chart.short_name(),
-            request.chart.version.as_deref(),
-        );
+        let selectors = pod_target(request).selectors;
         match bounded(
             limit,
             "the pod probe",
@@ -959,6 +972,18 @@ async fn probe(ctx: &Ctx, client: &Client, request: &InstallRequest) -> Result<H
             None => Health::Healthy,
         }
     })
+}
+
+/// The pods of a release, as the probe and the pod watch find them.
+fn pod_target(request: &InstallRequest) -> pod_watch::Target {
+    pod_watch::Target {
+        namespace: request.namespace.clone(),
+        selectors: health::selectors(
+            &request.release,
+            request.chart.short_name(),
+            request.chart.version.as_deref(),
+        ),
+    }
 }
 
 fn cached_render(ctx: &Ctx, hash: &str) -> Option<Arc<Rendered>> {
@@ -1090,6 +1115,7 @@ pub fn uninstall_deadline(addon: &Addon, deadline: Duration) -> Option<Timestamp
 async fn cleanup(addon: &Addon, ctx: &Ctx) -> Result<Action, Error> {
     let name = addon.name_any();
     let reference = addon.object_ref(&());
+    ctx.pods.unwatch(&ObjectRef::from_obj(addon));
     let access = access(addon, ctx).await?;
     let kubeconfig = match access {
         Access::NoCluster | Access::ClusterDeleting => {
@@ -1316,6 +1342,27 @@ where
     }
 }
 
+/// The metadata of the kubeconfig Secrets only: the secrets bundle, and every other Secret,
+/// stay unseen.
+fn kubeconfig_secret_events(
+    client: &Client,
+    namespace: Option<&str>,
+    readiness: &Readiness,
+) -> impl futures::Stream<Item = Result<PartialObjectMeta<Secret>, watcher::Error>> + use<> {
+    track_sync(
+        watcher(
+            api::<PartialObjectMeta<Secret>>(client, namespace),
+            watcher::Config::default().labels(&format!(
+                "{}={KUBECONFIG_SECRET_COMPONENT}",
+                kontinuum_crds::labels::APP_COMPONENT
+            )),
+        )
+        .default_backoff(),
+        readiness,
+    )
+    .applied_objects()
+}
+
 /// Runs the controller until `shutdown` triggers. `namespace` limits the watches.
 #[allow(
     clippy::too_many_arguments,
@@ -1331,32 +1378,39 @@ pub async fn run(
     readiness: Readiness,
     shutdown: Shutdown,
 ) {
-    let (addons, addon_writer) = reflector::store_shared(256);
-    let Some(addon_trigger) = addon_writer.subscribe() else {
-        return;
-    };
-    let Some(sibling_trigger) = addon_writer.subscribe() else {
-        return;
-    };
+    let (addons, addon_writer) = reflector::store();
     // Per-Addon state, dropped with its Addon.
     let backoff = Backoff::default();
     let tracker = ReadinessTracker::default();
     let changes = SpecChanges::default();
-    let addon_events = forget_gone(
-        track_sync(
-            watcher(api::<Addon>(&client, namespace), watcher::Config::default()).default_backoff(),
-            &readiness,
-        )
-        .reflect_shared(addon_writer),
-        addons.clone(),
-        vec![
-            Arc::new(backoff.clone()),
-            Arc::new(tracker.map().clone()),
-            Arc::new(changes.map().clone()),
-        ],
-        &metrics,
-    )
-    .for_each(|_| std::future::ready(()));
+    let (pod_trigger, pod_events) = tokio::sync::mpsc::unbounded_channel();
+    let pods = pod_watch::PodWatches::new(pod_trigger, settings.probe_timeout);
+    // One Addon watch: the controller's trigger and the siblings' are fed from it.
+    let (addon_events, mut subscribers) = subscribe::share(
+        forget_gone(
+            track_sync(
+                watcher(api::<Addon>(&client, namespace), watcher::Config::default())
+                    .default_backoff(),
+                &readiness,
+            )
+            .reflect(addon_writer),
+            addons.clone(),
+            vec![
+                Arc::new(backoff.clone()),
+                Arc::new(tracker.map().clone()),
+                Arc::new(changes.map().clone()),
+                Arc::new(pods.clone()),
+            ],
+            &metrics,
+        ),
+        &addons,
+        2,
+    );
+    let (Some(sibling_trigger), Some(addon_trigger)) = (subscribers.pop(), subscribers.pop())
+    else {
+        return;
+    };
+    let addon_events = addon_events.for_each(|_| std::future::ready(()));
 
     let (clusters, cluster_writer) = reflector::store();
     let cluster_events = track_sync(
@@ -1369,19 +1423,7 @@ pub async fn run(
     )
     .reflect(cluster_writer)
     .applied_objects();
-    // Only kubeconfig Secrets: the secrets bundle, and every other Secret, stay unseen.
-    let secret_events = track_sync(
-        watcher(
-            api::<PartialObjectMeta<Secret>>(&client, namespace),
-            watcher::Config::default().labels(&format!(
-                "{}={KUBECONFIG_SECRET_COMPONENT}",
-                kontinuum_crds::labels::APP_COMPONENT
-            )),
-        )
-        .default_backoff(),
-        &readiness,
-    )
-    .applied_objects();
+    let secret_events = kubeconfig_secret_events(&client, namespace, &readiness);
 
     let ctx = Arc::new(Ctx {
         client,
@@ -1393,6 +1435,7 @@ pub async fn run(
         events,
         backoff,
         renders: Mutex::new(HashMap::new()),
+        pods,
     });
     let by_cluster = addons.clone();
     let by_secret = addons.clone();
@@ -1427,6 +1470,11 @@ pub async fn run(
                 &by_secret.state(),
             )
         })
+        // A pod of an installed release changed health in its zone cluster.
+        .reconcile_on(futures::stream::unfold(
+            pod_events,
+            |mut events| async move { events.recv().await.map(|addon| (addon, events)) },
+        ))
         .graceful_shutdown_on(async move { shutdown.wait().await })
         .run(reconcile, error_policy, ctx);
     tokio::select! {

@@ -406,3 +406,59 @@ fn the_uninstall_deadline_counts_from_the_deletion() {
         Some(Timestamp::from_second(1060).unwrap())
     );
 }
+
+#[test]
+fn an_unreachable_zone_cluster_is_said_so_and_keeps_what_is_installed() {
+    let mut a = addon(
+        "c1-cilium",
+        json!({ "talosClusterRef": { "name": "c1" }, "releaseName": "cilium" }),
+    );
+    let gone = Error::Timeout("reading the release".into());
+    assert!(unreachable(&gone));
+    let Outcome::Unreachable(message) = failed(&gone, "release cilium") else {
+        panic!("not Unreachable");
+    };
+    assert_eq!(
+        message,
+        "the zone cluster does not answer (release cilium): reading the release timed out"
+    );
+    let refused = Error::Downstream(crate::downstream::DownstreamError::Api {
+        what: "reading the release".into(),
+        source: kube::Error::Api(
+            kube::core::Status::failure("boom", "InternalError")
+                .with_code(500)
+                .boxed(),
+        ),
+    });
+    assert!(
+        !unreachable(&refused),
+        "an answer, even an error, is not unreachable"
+    );
+
+    // Never installed: Installed says so too.
+    let first = status(&a, &Outcome::Unreachable(message.clone()), None, &at(10));
+    assert_eq!(
+        conditions::get(&first.conditions, "Installed").map(|c| c.reason.as_str()),
+        Some("ClusterUnreachable")
+    );
+    // Installed and healthy: Installed stays, health is unknown, Ready says why.
+    let ok = Outcome::Installed {
+        summary: "s".into(),
+        chart_version: Some("1.20.1".into()),
+        revision: Some(4),
+        health: Health::Healthy,
+    };
+    a.status = Some(status(&a, &ok, None, &at(10)));
+    let lost = status(&a, &Outcome::Unreachable(message.clone()), None, &at(20));
+    assert!(conditions::is_true(&lost.conditions, "Installed"));
+    assert_eq!(lost.revision, Some(4));
+    let healthy = conditions::get(&lost.conditions, "Healthy").unwrap();
+    assert_eq!(
+        (healthy.status.as_str(), healthy.reason.as_str()),
+        ("Unknown", "ClusterUnreachable")
+    );
+    assert_eq!(
+        ready_of(&lost),
+        ("Unknown".into(), "ClusterUnreachable".into(), message)
+    );
+}

@@ -17,6 +17,7 @@ use futures::StreamExt as _;
 use kontinuum_crds::v1alpha2::Addon;
 use kontinuum_e2e::addons::{
     ADDON_INSTALLER_ROLE, ChartRepo, install_addon_installer_role, start_addon_installer,
+    tracked_objects,
 };
 use kontinuum_e2e::testbed::Tools;
 use kontinuum_e2e::{
@@ -28,15 +29,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_addon-installer");
 const OBJECTS: usize = 1_000;
 const LIMIT: Duration = Duration::from_secs(300);
 const MAPS: [&str; 3] = ["backoff", "spec_changes", "readiness"];
-
-/// `tracked_objects{map}` of the addon-installer's `/metrics`.
-fn tracked(metrics: &str, map: &str) -> Option<u64> {
-    let prefix = format!("kontinuum_addon_installer_tracked_objects{{map=\"{map}\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|n| n.trim().parse().ok())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maps_are_empty_after_a_thousand_addons_come_and_go() {
@@ -54,7 +46,7 @@ async fn maps_are_empty_after_a_thousand_addons_come_and_go() {
         .unwrap();
     let sizes = || async {
         let metrics = operator.metrics().await?;
-        Ok::<_, anyhow::Error>(MAPS.map(|m| tracked(&metrics, m)))
+        Ok::<_, anyhow::Error>(MAPS.map(|m| tracked_objects(&metrics, m)))
     };
     assert_eq!(
         sizes().await.unwrap(),

@@ -14,14 +14,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
 use kontinuum_crds::conditions;
 use kontinuum_crds::v1alpha2::{Addon, TalosCluster};
 use kontinuum_e2e::addons::{
     ADDON_INSTALLER_ROLE, ChartRepo, addon_ready, downstream_cluster, install_addon_installer_role,
-    reconciles, seed_builtin, seed_cluster, start_addon_installer,
+    reconciles, seed_builtin, seed_cluster, start_addon_installer, tracked_objects,
 };
 use kontinuum_e2e::testbed::Tools;
 use kontinuum_e2e::{
@@ -353,13 +353,7 @@ async fn builtins_install_in_waves_follow_pod_health_and_never_churn() {
     );
 
     // Acceptance 3: a cilium pod goes NotReady -> the Addon says so, naming pod and container.
-    let pods: Api<Pod> = Api::namespaced(down.clone(), "kube-system");
-    let agent_pod = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/name=cilium-agent"))
-        .await
-        .unwrap()
-        .items[0]
-        .name_any();
+    let agent_pod = kontinuum_e2e::addons::agent_pod(&down).await.unwrap();
     kontinuum_e2e::addons::set_agent_pod_ready(&down, &agent_pod, false)
         .await
         .unwrap();
@@ -480,6 +474,99 @@ async fn builtins_install_in_waves_follow_pod_health_and_never_churn() {
     .unwrap();
     eventually(LIMIT, "extra gone after the deadline", || async {
         Ok(addons.get_opt("extra").await?.is_none())
+    })
+    .await
+    .unwrap();
+}
+
+/// Downstream health is event-driven (issue 14, deliverable 2): with the default resync
+/// (5 min) and nothing else due, a cilium pod going NotReady in the zone cluster, and back,
+/// flips the `Ready` Addon through the operator's pod watch of that cluster; a dead zone
+/// cluster is a condition (`ClusterUnreachable`); the watch goes with the last Addon.
+#[tokio::test]
+async fn a_pod_going_not_ready_flips_its_ready_addon_without_waiting_for_the_resync() {
+    // No --resync-interval: the default, far longer than any wait below.
+    let mut bed = bed("addons-podwatch", &["--retry-interval", "1s"]).await;
+    let (hub_client, ns_name) = (bed.hub.clone(), bed.ns.clone());
+    let (hub, ns) = (&hub_client, ns_name.as_str());
+    let down = bed.down().client();
+    let cilium = seed_builtin(hub, ns, CLUSTER, "cilium").await.unwrap();
+    wait_ready(&bed, &[&cilium]).await;
+    let watched = || async {
+        let metrics = bed.operator.metrics().await?;
+        Ok::<_, anyhow::Error>(tracked_objects(&metrics, "pod_watch"))
+    };
+    eventually(LIMIT, "the cilium Addon's pods watched", || async {
+        Ok(watched().await? == Some(1))
+    })
+    .await
+    .unwrap();
+    // Well below the 5 min resync: only an event can flip the Addon in this time.
+    let within = Duration::from_secs(30);
+    let flip = |want: &'static str| {
+        let cilium = cilium.clone();
+        async move {
+            let started = std::time::Instant::now();
+            eventually(within, &format!("cilium Ready={want}"), || async {
+                Ok(addon_ready(hub, ns, &cilium)
+                    .await?
+                    .is_some_and(|(s, _, _)| s == want))
+            })
+            .await
+            .map(|()| started.elapsed())
+        }
+    };
+    let agent_pod = kontinuum_e2e::addons::agent_pod(&down).await.unwrap();
+    let before = reconciles(&bed.operator.metrics().await.unwrap());
+    kontinuum_e2e::addons::set_agent_pod_ready(&down, &agent_pod, false)
+        .await
+        .unwrap();
+    let to_not_ready = flip("False").await.unwrap();
+    let (_, reason, message) = addon_ready(hub, ns, &cilium).await.unwrap().unwrap();
+    assert_eq!(reason, "NotHealthy", "{message}");
+    assert!(message.contains(&agent_pod), "{message}");
+    kontinuum_e2e::addons::set_agent_pod_ready(&down, &agent_pod, true)
+        .await
+        .unwrap();
+    let to_ready = flip("True").await.unwrap();
+    let after = reconciles(&bed.operator.metrics().await.unwrap());
+    eprintln!(
+        "pod watch: NotReady seen on the Addon after {to_not_ready:?}, Ready again after \
+         {to_ready:?}, {} reconciles for the two flips",
+        after - before
+    );
+
+    // The zone cluster dies: the Addon says so instead of staying Ready.
+    bed.down.take().unwrap().stop().await;
+    eventually(LIMIT, "cilium ClusterUnreachable", || async {
+        Ok(addon_ready(hub, ns, &cilium)
+            .await?
+            .is_some_and(|(s, r, _)| s == "Unknown" && r == "ClusterUnreachable"))
+    })
+    .await
+    .unwrap();
+    let addon = Api::<Addon>::namespaced(hub.clone(), ns)
+        .get(&cilium)
+        .await
+        .unwrap();
+    let status = addon.status.unwrap();
+    assert!(
+        conditions::is_true(&status.conditions, "Installed"),
+        "what is installed stays recorded: {:?}",
+        status.conditions
+    );
+
+    // The cluster and its Addon go: so does the watch.
+    Api::<TalosCluster>::namespaced(hub.clone(), ns)
+        .delete(CLUSTER, &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<Addon>::namespaced(hub.clone(), ns)
+        .delete(&cilium, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(LIMIT, "no pod watch left", || async {
+        Ok(watched().await? == Some(0))
     })
     .await
     .unwrap();

@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod operator;
 pub mod shutdown;
 pub mod status;
+pub mod subscribe;
 pub mod telemetry;
 pub mod tracked;
 

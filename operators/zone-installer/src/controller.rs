@@ -27,6 +27,7 @@ use kontinuum_operator_common::kubeconfig::{self, KubeconfigError};
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
 use kontinuum_operator_common::status::apply_status;
+use kontinuum_operator_common::subscribe;
 use kontinuum_operator_common::tracked::{ChangeFilter, ObjectMap, forget_gone};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
@@ -1054,29 +1055,34 @@ pub async fn run(
     readiness: Readiness,
     shutdown: Shutdown,
 ) {
-    let (zones, zone_writer) = reflector::store_shared(256);
-    let Some(zone_trigger) = zone_writer.subscribe() else {
-        return;
-    };
+    let (zones, zone_writer) = reflector::store();
     // Per-Zone state, dropped with its Zone.
     let backoff = Backoff::default();
     let rotations = ObjectMap::new("rotations");
     let changes = SpecChanges::default();
-    let zone_events = forget_gone(
-        track_sync(
-            watcher(api::<Zone>(&client, namespace), watcher::Config::default()).default_backoff(),
-            &readiness,
-        )
-        .reflect_shared(zone_writer),
-        zones.clone(),
-        vec![
-            Arc::new(backoff.clone()),
-            Arc::new(rotations.clone()),
-            Arc::new(changes.map().clone()),
-        ],
-        &metrics,
-    )
-    .for_each(|_| std::future::ready(()));
+    let (zone_events, mut subscribers) = subscribe::share(
+        forget_gone(
+            track_sync(
+                watcher(api::<Zone>(&client, namespace), watcher::Config::default())
+                    .default_backoff(),
+                &readiness,
+            )
+            .reflect(zone_writer),
+            zones.clone(),
+            vec![
+                Arc::new(backoff.clone()),
+                Arc::new(rotations.clone()),
+                Arc::new(changes.map().clone()),
+            ],
+            &metrics,
+        ),
+        &zones,
+        1,
+    );
+    let Some(zone_trigger) = subscribers.pop() else {
+        return;
+    };
+    let zone_events = zone_events.for_each(|_| std::future::ready(()));
 
     let (clusters, cluster_writer) = reflector::store();
     let cluster_events = track_sync(
