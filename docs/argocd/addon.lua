@@ -18,6 +18,9 @@ local kind = {
     InstallFailed = "Degraded",
     -- The operator's RBAC refuses a call it needs: a person must fix its Role.
     Forbidden = "Degraded",
+    -- The zone cluster does not answer (Healthy is Unknown): retried, but nobody can tell
+    -- whether the release still runs until it answers again.
+    ClusterUnreachable = "Degraded",
   },
   -- Reasons of Deleting that say uninstalling the release failed; it is retried until the
   -- deadline the message names.
