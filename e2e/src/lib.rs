@@ -183,6 +183,21 @@ pub fn kubectl(shared: &testbed::Shared, args: &[&str]) -> anyhow::Result<String
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `kontinuum_<controller>_reconcile_total` of every controller in an operator's `/metrics`
+/// text, by controller (`talos_bootstrapper`, `instance_reset`, ...).
+pub fn reconcile_totals(metrics: &str) -> Vec<(String, u64)> {
+    metrics
+        .lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(' ')?;
+            let controller = name
+                .strip_prefix("kontinuum_")?
+                .strip_suffix("_reconcile_total")?;
+            Some((controller.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
 /// An operator binary running as a host process, killed when dropped. Its logs go to
 /// `<dir>/<name>.log`.
 pub struct Operator {

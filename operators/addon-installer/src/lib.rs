@@ -45,7 +45,7 @@ use kontinuum_crds::v1alpha2::{
     Addon, AddonStatus, KUBECONFIG_KEY, KUBECONFIG_SECRET_COMPONENT, ProvisioningMethod,
     TalosCluster,
 };
-use kontinuum_operator_common::admin::{Readiness, track_sync};
+use kontinuum_operator_common::admin::{Readiness, hub_watch};
 use kontinuum_operator_common::backoff::{Backoff, object_key};
 use kontinuum_operator_common::error::{
     FORBIDDEN, ReconcileError, chain, forbidden, retry_after_backoff,
@@ -1209,6 +1209,29 @@ pub fn error_policy(addon: Arc<Addon>, err: &Error, ctx: Arc<Ctx>) -> Action {
     retry_after_backoff(&object_key(addon.as_ref()), err, &ctx.metrics, &ctx.backoff)
 }
 
+/// What of a TalosCluster its Addons' reconcile reads, as a hash: the object without its
+/// resource version, managed fields and the status fields that only report progress
+/// (conditions, observed generation, teardown). Deletion, labels, annotations, spec,
+/// `secretRef`, `endpoint` and members (all visible to `$cel` values) change it; a condition
+/// write does not, so a `$cel` expression over the cluster's conditions sees their new value
+/// at the Addon's next reconcile, not at once.
+pub fn cluster_trigger_key(cluster: &TalosCluster) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut value = serde_json::to_value(cluster).unwrap_or(Value::Null);
+    if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("resourceVersion");
+        meta.remove("managedFields");
+    }
+    if let Some(status) = value.get_mut("status").and_then(Value::as_object_mut) {
+        status.remove("conditions");
+        status.remove("observedGeneration");
+        status.remove("teardown");
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.to_string().hash(&mut hasher);
+    hasher.finish()
+}
+
 /// The Addons of a cluster (namespace and name).
 pub fn addons_of(
     namespace: Option<&str>,
@@ -1342,6 +1365,39 @@ where
     }
 }
 
+/// The TalosClusters, cached, and the changes of them their Addons' reconcile reads (not
+/// each of the bootstrapper's condition writes: see [`cluster_trigger_key`]).
+fn cluster_events(
+    client: &Client,
+    namespace: Option<&str>,
+    readiness: &Readiness,
+    metrics: &ControllerMetrics,
+) -> (
+    Store<TalosCluster>,
+    impl futures::Stream<Item = Result<TalosCluster, watcher::Error>> + use<>,
+) {
+    let (clusters, cluster_writer) = reflector::store();
+    let cluster_changes = ChangeFilter::new("cluster_changes");
+    let events = forget_gone(
+        hub_watch(
+            api::<TalosCluster>(client, namespace),
+            watcher::Config::default(),
+            readiness,
+        )
+        .reflect(cluster_writer),
+        clusters.clone(),
+        vec![Arc::new(cluster_changes.map().clone())],
+        metrics,
+    )
+    .applied_objects()
+    .filter(move |cluster| {
+        std::future::ready(cluster.as_ref().map_or(true, |cluster| {
+            cluster_changes.changed(object_key(cluster), cluster_trigger_key(cluster))
+        }))
+    });
+    (clusters, events)
+}
+
 /// The metadata of the kubeconfig Secrets only: the secrets bundle, and every other Secret,
 /// stay unseen.
 fn kubeconfig_secret_events(
@@ -1349,15 +1405,12 @@ fn kubeconfig_secret_events(
     namespace: Option<&str>,
     readiness: &Readiness,
 ) -> impl futures::Stream<Item = Result<PartialObjectMeta<Secret>, watcher::Error>> + use<> {
-    track_sync(
-        watcher(
-            api::<PartialObjectMeta<Secret>>(client, namespace),
-            watcher::Config::default().labels(&format!(
-                "{}={KUBECONFIG_SECRET_COMPONENT}",
-                kontinuum_crds::labels::APP_COMPONENT
-            )),
-        )
-        .default_backoff(),
+    hub_watch(
+        api::<PartialObjectMeta<Secret>>(client, namespace),
+        watcher::Config::default().labels(&format!(
+            "{}={KUBECONFIG_SECRET_COMPONENT}",
+            kontinuum_crds::labels::APP_COMPONENT
+        )),
         readiness,
     )
     .applied_objects()
@@ -1388,9 +1441,9 @@ pub async fn run(
     // One Addon watch: the controller's trigger and the siblings' are fed from it.
     let (addon_events, mut subscribers) = subscribe::share(
         forget_gone(
-            track_sync(
-                watcher(api::<Addon>(&client, namespace), watcher::Config::default())
-                    .default_backoff(),
+            hub_watch(
+                api::<Addon>(&client, namespace),
+                watcher::Config::default(),
                 &readiness,
             )
             .reflect(addon_writer),
@@ -1412,17 +1465,7 @@ pub async fn run(
     };
     let addon_events = addon_events.for_each(|_| std::future::ready(()));
 
-    let (clusters, cluster_writer) = reflector::store();
-    let cluster_events = track_sync(
-        watcher(
-            api::<TalosCluster>(&client, namespace),
-            watcher::Config::default(),
-        )
-        .default_backoff(),
-        &readiness,
-    )
-    .reflect(cluster_writer)
-    .applied_objects();
+    let (clusters, cluster_events) = cluster_events(&client, namespace, &readiness, &metrics);
     let secret_events = kubeconfig_secret_events(&client, namespace, &readiness);
 
     let ctx = Arc::new(Ctx {

@@ -462,3 +462,42 @@ fn an_unreachable_zone_cluster_is_said_so_and_keeps_what_is_installed() {
         ("Unknown".into(), "ClusterUnreachable".into(), message)
     );
 }
+
+#[test]
+fn a_cluster_wakes_its_addons_for_what_they_read_not_for_condition_writes() {
+    let cluster: TalosCluster = serde_json::from_value(json!({
+        "apiVersion": "kontinuum.sh/v1alpha2", "kind": "TalosCluster",
+        "metadata": { "name": "c", "namespace": "ns", "generation": 1, "resourceVersion": "5" },
+        "spec": { "controlPlane": { "poolRef": { "name": "p" } } },
+        "status": {
+            "conditions": [{ "type": "Ready", "status": "False", "reason": "Bootstrapping",
+                "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z" }],
+            "observedGeneration": 1
+        }
+    }))
+    .unwrap();
+    let key = cluster_trigger_key(&cluster);
+
+    // The bootstrapper's progress writes: conditions, observed generation, resource version.
+    let mut progress = cluster.clone();
+    let status = progress.status.as_mut().unwrap();
+    status.conditions[0].status = "True".into();
+    status.conditions[0].reason = "Ready".into();
+    status.observed_generation = Some(2);
+    progress.metadata.resource_version = Some("6".into());
+    assert_eq!(cluster_trigger_key(&progress), key);
+
+    // What an Addon reads: its kubeconfig Secret, the endpoint (for $cel), deletion, labels.
+    let mut kubeconfig = cluster.clone();
+    kubeconfig.status.as_mut().unwrap().secret_ref =
+        Some(serde_json::from_value(json!({ "name": "taloscluster-c-kubeconfig" })).unwrap());
+    let mut endpoint = cluster.clone();
+    endpoint.status.as_mut().unwrap().endpoint = Some("https://192.0.2.1:6443".into());
+    let mut deleting = cluster.clone();
+    deleting.metadata.deletion_timestamp = Some(at(9));
+    let mut labelled = cluster.clone();
+    labelled.metadata.labels = Some([("a".to_owned(), "b".to_owned())].into());
+    for changed in [kubeconfig, endpoint, deleting, labelled] {
+        assert_ne!(cluster_trigger_key(&changed), key);
+    }
+}

@@ -79,6 +79,27 @@ impl Readiness {
     }
 }
 
+/// The watch every operator opens on the hub: `api` with `config`, retried with the
+/// watcher's default backoff, its objects trimmed for the cache
+/// ([`crate::trim::for_cache`]), counted among the watches `/readyz` waits for
+/// ([`track_sync`]).
+pub fn hub_watch<K>(
+    api: kube::Api<K>,
+    config: watcher::Config,
+    readiness: &Readiness,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + use<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use kube::runtime::WatchStreamExt as _;
+    track_sync(
+        watcher::watcher(api, config)
+            .default_backoff()
+            .modify(crate::trim::for_cache),
+        readiness,
+    )
+}
+
 /// Counts `stream` (a watcher's event stream) among the watches `/readyz` waits for: the
 /// process is ready once every tracked watch has delivered its initial list (`InitDone`).
 ///

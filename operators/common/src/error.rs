@@ -42,21 +42,30 @@ pub fn kube_error_class(err: &kube::Error) -> ErrorClass {
 }
 
 /// The error policy every controller shares: log the failure with its chain, count it by
-/// reason, and retry the object after its own exponential backoff.
+/// reason, and retry the object after its own exponential backoff — unless the error is
+/// [`ErrorClass::Permanent`]: then retrying the same input cannot help, and the object waits
+/// for a change that wakes it (its spec, or whatever else its controller watches) instead
+/// of being retried forever.
 pub fn retry_after_backoff<E: ReconcileError>(
     object: &str,
     err: &E,
     metrics: &crate::metrics::ControllerMetrics,
     backoff: &crate::backoff::Backoff,
 ) -> kube::runtime::controller::Action {
+    metrics.failure(err.reason());
+    let permanent = err.class() == ErrorClass::Permanent;
     tracing::warn!(
         object,
         reason = err.reason(),
         error = err as &dyn std::error::Error,
+        waiting_for_change = permanent,
         "reconcile failed"
     );
-    metrics.failure(err.reason());
-    kube::runtime::controller::Action::requeue(backoff.next(object))
+    if permanent {
+        kube::runtime::controller::Action::await_change()
+    } else {
+        kube::runtime::controller::Action::requeue(backoff.next(object))
+    }
 }
 
 /// An error and every source, joined with `: ` (for condition messages and Events).
@@ -157,6 +166,48 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("patching the Addon status")]
     struct Patch(#[source] kube::Error);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("bad spec")]
+    struct BadSpec;
+
+    impl ReconcileError for BadSpec {
+        fn reason(&self) -> &'static str {
+            "BadSpec"
+        }
+        fn class(&self) -> ErrorClass {
+            ErrorClass::Permanent
+        }
+    }
+
+    impl ReconcileError for Outer {
+        fn reason(&self) -> &'static str {
+            "ClaimFailed"
+        }
+    }
+
+    #[test]
+    fn a_permanent_error_waits_for_a_change_a_transient_one_backs_off() {
+        use kube::runtime::controller::Action;
+        use std::time::Duration;
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = crate::metrics::ControllerMetrics::register(&mut registry, "test");
+        let backoff = crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(8));
+        assert_eq!(
+            retry_after_backoff("ns/a", &BadSpec, &metrics, &backoff),
+            Action::await_change()
+        );
+        // Waiting for a change counts no attempt: the first retry after it is quick.
+        let transient = Outer(std::io::Error::other("timeout"));
+        assert_eq!(
+            retry_after_backoff("ns/a", &transient, &metrics, &backoff),
+            Action::requeue(Duration::from_secs(1))
+        );
+        assert_eq!(
+            retry_after_backoff("ns/a", &transient, &metrics, &backoff),
+            Action::requeue(Duration::from_secs(2))
+        );
+    }
 
     #[test]
     fn a_403_anywhere_in_the_chain_is_forbidden() {

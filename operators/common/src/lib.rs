@@ -33,6 +33,7 @@ pub mod status;
 pub mod subscribe;
 pub mod telemetry;
 pub mod tracked;
+pub mod trim;
 
 /// Installs ring as the process's rustls crypto provider. Call it first in every `main`,
 /// before any client is built. Idempotent.

@@ -34,9 +34,9 @@ use kontinuum_crds::reasons::{InstanceCondition as Cond, InstanceReason as Reaso
 use kontinuum_crds::v1alpha2::{
     DiskStatus, Instance, InstanceStatus, InterfaceStatus, TalosStatus,
 };
-use kontinuum_operator_common::admin::{Readiness, track_sync};
+use kontinuum_operator_common::admin::{Readiness, hub_watch};
 use kontinuum_operator_common::backoff::{Backoff, object_key};
-use kontinuum_operator_common::error::{ReconcileError, retry_after_backoff};
+use kontinuum_operator_common::error::{FORBIDDEN, ReconcileError, forbidden, retry_after_backoff};
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
@@ -163,6 +163,10 @@ pub enum Error {
 
 impl ReconcileError for Error {
     fn reason(&self) -> &'static str {
+        // An RBAC refusal is a person's to fix, not a failure to wait out.
+        if forbidden(self).is_some() {
+            return FORBIDDEN;
+        }
         match self {
             Error::PatchStatus(_) => "StatusPatchFailed",
         }
@@ -405,11 +409,7 @@ pub async fn run(ctx: Ctx, namespace: Option<&str>, readiness: Readiness, shutdo
     };
     let (store, writer) = reflector::store();
     let stream = forget_gone(
-        track_sync(
-            watcher(api, watcher::Config::default()).default_backoff(),
-            &readiness,
-        )
-        .reflect(writer),
+        hub_watch(api, watcher::Config::default(), &readiness).reflect(writer),
         store.clone(),
         vec![Arc::new(ctx.backoff.clone())],
         &ctx.metrics,

@@ -22,7 +22,7 @@ use kontinuum_crds::conditions::{self, ConditionStatus};
 use kontinuum_crds::labels::CLAIMED_BY;
 use kontinuum_crds::reasons::{InstancePoolCondition as Cond, InstancePoolReason as Reason};
 use kontinuum_crds::v1alpha2::{Instance, InstancePool, InstancePoolStatus};
-use kontinuum_operator_common::admin::{Readiness, track_sync};
+use kontinuum_operator_common::admin::{Readiness, hub_watch};
 use kontinuum_operator_common::backoff::{Backoff, object_key};
 use kontinuum_operator_common::claims::set_claim;
 use kontinuum_operator_common::error::{
@@ -549,20 +549,13 @@ pub async fn run(
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
     let (instances, writer) = reflector::store();
-    let instance_events = track_sync(
-        watcher(instances_api, watcher::Config::default()).default_backoff(),
-        &readiness,
-    )
-    .reflect(writer)
-    .applied_objects();
+    let instance_events = hub_watch(instances_api, watcher::Config::default(), &readiness)
+        .reflect(writer)
+        .applied_objects();
     let (pools, pool_writer) = reflector::store();
     let backoff = Backoff::default();
     let pool_events = forget_gone(
-        track_sync(
-            watcher(pools_api, watcher::Config::default()).default_backoff(),
-            &readiness,
-        )
-        .reflect(pool_writer),
+        hub_watch(pools_api, watcher::Config::default(), &readiness).reflect(pool_writer),
         pools.clone(),
         vec![Arc::new(backoff.clone())],
         &metrics,

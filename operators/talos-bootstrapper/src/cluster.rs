@@ -43,7 +43,7 @@ use kontinuum_crds::v1alpha2::{
 };
 use kontinuum_operator_common::backoff::object_key;
 use kontinuum_operator_common::claims::set_claim;
-use kontinuum_operator_common::error::{chain, retry_after_backoff};
+use kontinuum_operator_common::error::{chain, forbidden, retry_after_backoff};
 use kontinuum_operator_common::finalizer;
 use kontinuum_operator_common::shutdown::Shutdown;
 use kontinuum_operator_common::status::apply_status;
@@ -115,7 +115,36 @@ pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Ctx>) -> Result<Acti
             )))?;
         return Ok(Action::await_change());
     }
-    apply(&cluster, &ctx).await
+    let result = apply(&cluster, &ctx).await;
+    if let Err(err) = &result
+        && let Some(message) = forbidden(err)
+    {
+        // Shown as an RBAC problem (a person must fix a Role), retried with the backoff.
+        report_forbidden(&api, &cluster, &message).await;
+    }
+    result
+}
+
+/// `Ready=False/Forbidden` with `message`, best effort: the refused call may be this write.
+async fn report_forbidden(api: &Api<TalosCluster>, cluster: &TalosCluster, message: &str) {
+    let mut status = cluster.status.clone().unwrap_or_default();
+    let ready = conditions::new(
+        Cond::Ready,
+        ConditionStatus::False,
+        Reason::Forbidden,
+        message,
+        cluster.metadata.generation,
+    );
+    conditions::set(&mut status.conditions, ready, &now());
+    let name = cluster.name_any();
+    if let Err(err) =
+        apply_status(api, &name, FIELD_MANAGER, cluster.status.as_ref(), &status).await
+    {
+        warn!(
+            error = &err as &dyn std::error::Error,
+            "could not report the RBAC refusal"
+        );
+    }
 }
 
 /// One reconcile's working state: the desired cluster status and member conditions,
@@ -1852,11 +1881,9 @@ pub async fn run(
         "{} in ({SECRETS_SECRET_COMPONENT},{KUBECONFIG_SECRET_COMPONENT})",
         labels::APP_COMPONENT
     );
-    let secret_events = kontinuum_operator_common::admin::track_sync(
-        kube::runtime::WatchStreamExt::default_backoff(watcher(
-            secrets,
-            watcher::Config::default().labels(&selector),
-        )),
+    let secret_events = kontinuum_operator_common::admin::hub_watch(
+        secrets,
+        watcher::Config::default().labels(&selector),
         readiness,
     );
     let secret_events = kube::runtime::WatchStreamExt::touched_objects(secret_events);

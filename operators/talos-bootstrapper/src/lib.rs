@@ -32,14 +32,18 @@ pub mod reset;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use kontinuum_crds::v1alpha2::{Addon, Instance, TalosCluster};
-use kontinuum_operator_common::admin::{Readiness, track_sync};
-use kontinuum_operator_common::backoff::Backoff;
-use kontinuum_operator_common::error::{ErrorClass, ReconcileError, kube_error_class};
+use kontinuum_operator_common::admin::{Readiness, hub_watch};
+use kontinuum_operator_common::backoff::{Backoff, object_key};
+use kontinuum_operator_common::error::{
+    ErrorClass, FORBIDDEN, ReconcileError, forbidden, kube_error_class,
+};
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
-use kontinuum_operator_common::tracked::{ObjectMap, forget_gone};
+use kontinuum_operator_common::subscribe;
+use kontinuum_operator_common::tracked::{ChangeFilter, ObjectMap, forget_gone};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client};
@@ -187,6 +191,10 @@ impl Error {
 
 impl ReconcileError for Error {
     fn reason(&self) -> &'static str {
+        // An RBAC refusal is a person's to fix, not a failure to wait out.
+        if forbidden(self).is_some() {
+            return FORBIDDEN;
+        }
         match self {
             Error::Kube { .. } => "KubeApiFailed",
             Error::Talos { source, .. } => source.reason(),
@@ -236,34 +244,49 @@ pub async fn run(
         }
     }
     let (instances, instance_writer) = reflector::store();
-    let instance_events = track_sync(
-        watcher(
+    // One Instance watch (and one cache of every Instance): the cluster controller's wakes
+    // and the instance-reset controller's trigger are fed from it.
+    let (instance_events, mut instance_subscribers) = subscribe::share(
+        hub_watch(
             api::<Instance>(&client, namespace),
             watcher::Config::default(),
+            &readiness,
         )
-        .default_backoff(),
-        &readiness,
-    )
-    .reflect(instance_writer)
-    .touched_objects();
+        .reflect(instance_writer),
+        &instances,
+        1,
+    );
+    let Some(reset_trigger) = instance_subscribers.pop() else {
+        return;
+    };
+    let instance_events = instance_events.touched_objects();
     let (addons, addon_writer) = reflector::store();
-    let addon_events = track_sync(
-        watcher(api::<Addon>(&client, namespace), watcher::Config::default()).default_backoff(),
-        &readiness,
+    let addon_changes = ChangeFilter::new("addon_changes");
+    let addon_events = forget_gone(
+        hub_watch(
+            api::<Addon>(&client, namespace),
+            watcher::Config::default(),
+            &readiness,
+        )
+        .reflect(addon_writer),
+        addons.clone(),
+        vec![Arc::new(addon_changes.map().clone())],
+        &metrics,
     )
-    .reflect(addon_writer)
-    .touched_objects();
+    .touched_objects()
+    .filter(move |addon| {
+        std::future::ready(addon.as_ref().map_or(true, |addon| {
+            addon_changes.changed(object_key(addon), plan::addon_trigger_key(addon))
+        }))
+    });
     let (clusters, cluster_writer) = reflector::store();
     // Per-cluster state, dropped with its cluster.
     let backoff = Backoff::default();
     let last_healthy = ObjectMap::new("last_healthy");
     let cluster_events = forget_gone(
-        track_sync(
-            watcher(
-                api::<TalosCluster>(&client, namespace),
-                watcher::Config::default(),
-            )
-            .default_backoff(),
+        hub_watch(
+            api::<TalosCluster>(&client, namespace),
+            watcher::Config::default(),
             &readiness,
         )
         .reflect(cluster_writer),
@@ -294,11 +317,6 @@ pub async fn run(
         &readiness,
         shutdown.clone(),
     );
-    let resets_done = reset::run(
-        ctx,
-        api::<Instance>(&client, namespace),
-        &readiness,
-        shutdown,
-    );
+    let resets_done = reset::run(ctx, reset_trigger, shutdown);
     futures::future::join(clusters_done, resets_done).await;
 }

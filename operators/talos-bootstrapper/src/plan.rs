@@ -277,6 +277,17 @@ pub fn addons_view(
     }
 }
 
+/// What of an Addon its cluster's reconcile reads (`AddonsReady`, seeding the built-ins): an
+/// Addon event that changes none of it (most of the addon-installer's status writes) does
+/// not wake the cluster.
+pub fn addon_trigger_key(addon: &Addon) -> (bool, Option<i64>, Result<(), String>) {
+    (
+        addon.metadata.deletion_timestamp.is_some(),
+        addon.metadata.generation,
+        addon_ready(addon),
+    )
+}
+
 /// `Ok` when the Addon is `Ready=True` for its current generation and not being deleted;
 /// otherwise `<reason>: <message>` (reason `Pending` when it has no `Ready` yet).
 fn addon_ready(addon: &Addon) -> Result<(), String> {

@@ -23,7 +23,6 @@ use kontinuum_crds::conditions::{self, ConditionStatus};
 use kontinuum_crds::labels::CLAIMED_BY;
 use kontinuum_crds::reasons::{InstanceCondition as ICond, InstanceReason as IReason};
 use kontinuum_crds::v1alpha2::{Instance, InstanceStatus, SECRETS_BUNDLE_KEY, TalosCluster};
-use kontinuum_operator_common::admin::Readiness;
 use kontinuum_operator_common::backoff::object_key;
 use kontinuum_operator_common::error::{chain, retry_after_backoff};
 use kontinuum_operator_common::finalizer;
@@ -31,7 +30,6 @@ use kontinuum_operator_common::shutdown::Shutdown;
 use kontinuum_talos_config::SecretsBundle;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
 use kube::{Api, Resource as _, ResourceExt};
 use tracing::{info, instrument, warn};
 
@@ -261,26 +259,16 @@ pub fn error_policy(instance: Arc<Instance>, err: &Error, ctx: Arc<Ctx>) -> Acti
     )
 }
 
-/// Runs the instance-reset controller until `shutdown` triggers.
+/// Runs the instance-reset controller until `shutdown` triggers, on `trigger` (the
+/// Instances of the bootstrapper's one Instance watch, cached in `ctx.instances`).
 pub async fn run(
     ctx: Arc<Ctx>,
-    instances: Api<Instance>,
-    readiness: &Readiness,
+    trigger: futures::stream::BoxStream<'static, Arc<Instance>>,
     shutdown: Shutdown,
 ) {
-    let (store, writer) = kube::runtime::reflector::store();
-    let events = kontinuum_operator_common::admin::track_sync(
-        kube::runtime::WatchStreamExt::default_backoff(watcher(
-            instances,
-            watcher::Config::default(),
-        )),
-        readiness,
-    );
-    let events = kube::runtime::WatchStreamExt::touched_objects(
-        kube::runtime::WatchStreamExt::reflect(events, writer),
-    );
+    let store = ctx.instances.clone();
     kontinuum_operator_common::operator::drain(
-        Controller::for_stream(events, store)
+        Controller::for_shared_stream(trigger, store)
             .graceful_shutdown_on(async move { shutdown.wait().await })
             .run(reconcile, error_policy, ctx),
     )

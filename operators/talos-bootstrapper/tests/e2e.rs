@@ -725,3 +725,99 @@ async fn killed_at_random_points_converges_with_one_bootstrap_and_one_bundle() {
     }
     emu.shutdown().await;
 }
+
+/// An RBAC refusal is reported as `Forbidden` naming the verb and resource, and it is
+/// retried: once the Role allows the call, the cluster moves on without a spec change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_secret_create_is_forbidden_then_heals_when_the_role_is_fixed() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
+    use kontinuum_e2e::bootstrapper::{TALOS_BOOTSTRAPPER_ROLE, install_role};
+    use kube::api::PostParams;
+
+    let (client, shared) = shared_client().await.unwrap();
+    install_kontinuum_crds(&client).await.unwrap();
+    install_role(&client).await.unwrap();
+    let ns = namespace(&client, "tb-forbidden").await.unwrap();
+
+    // The chart's rules, less `create` on Secrets.
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let chart_rules = roles
+        .get(TALOS_BOOTSTRAPPER_ROLE)
+        .await
+        .unwrap()
+        .rules
+        .unwrap_or_default();
+    let mut narrowed: Vec<PolicyRule> = Vec::new();
+    for rule in &chart_rules {
+        let secrets = rule
+            .resources
+            .as_ref()
+            .is_some_and(|r| r.iter().any(|r| r == "secrets"));
+        if !secrets {
+            narrowed.push(rule.clone());
+            continue;
+        }
+        let mut rule = rule.clone();
+        rule.verbs.retain(|v| v != "create");
+        if !rule.verbs.is_empty() {
+            narrowed.push(rule);
+        }
+    }
+    assert_ne!(
+        narrowed, chart_rules,
+        "the chart lets the bootstrapper create Secrets"
+    );
+    let role_name = format!("{ns}-bootstrapper-no-secret-create");
+    let mut role: ClusterRole =
+        serde_json::from_value(serde_json::json!({ "metadata": { "name": role_name } })).unwrap();
+    role.rules = Some(narrowed);
+    roles.create(&PostParams::default(), &role).await.unwrap();
+    let kubeconfig = kontinuum_e2e::service_account_kubeconfig(
+        &client,
+        shared,
+        &ns,
+        "talos-bootstrapper",
+        &role_name,
+    )
+    .await
+    .unwrap();
+    let _bootstrapper = start_bootstrapper(bin(), &kubeconfig, &ns, &[])
+        .await
+        .unwrap();
+    create_cluster(&client, &ns, "c", 1, 0, false)
+        .await
+        .unwrap();
+
+    eventually(LIMIT, "Ready=False/Forbidden", || async {
+        Ok(cluster_condition(&client, &ns, "c", "Ready")
+            .await
+            .is_some_and(|(status, reason, _)| status == "False" && reason == "Forbidden"))
+    })
+    .await
+    .unwrap();
+    let (_, _, message) = cluster_condition(&client, &ns, "c", "Ready").await.unwrap();
+    assert!(
+        message.contains("create") && message.contains("secrets"),
+        "the message names the refused call: {message}"
+    );
+
+    // The Role is fixed; the TalosCluster is not touched.
+    role.rules = Some(chart_rules);
+    roles
+        .replace(&role_name, &PostParams::default(), &role)
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    eventually(LIMIT, "the secrets bundle, once allowed", || async {
+        Ok(secrets.get_opt(&secrets_secret_name("c")).await?.is_some())
+    })
+    .await
+    .unwrap();
+    eventually(LIMIT, "Ready no longer Forbidden", || async {
+        Ok(cluster_condition(&client, &ns, "c", "Ready")
+            .await
+            .is_some_and(|(_, reason, _)| reason != "Forbidden"))
+    })
+    .await
+    .unwrap();
+}

@@ -16,7 +16,7 @@ use kontinuum_crds::reasons::{ZoneCondition as Cond, ZoneReason as Reason};
 use kontinuum_crds::v1alpha2::{
     Instance, InstancePool, KUBECONFIG_KEY, Kontinuum, TalosCluster, Zone, ZoneStatus,
 };
-use kontinuum_operator_common::admin::{Readiness, track_sync};
+use kontinuum_operator_common::admin::{Readiness, hub_watch};
 use kontinuum_operator_common::backoff::{Backoff, object_key};
 use kontinuum_operator_common::error::{
     FORBIDDEN, ReconcileError, chain, forbidden, retry_after_backoff,
@@ -1062,9 +1062,9 @@ pub async fn run(
     let changes = SpecChanges::default();
     let (zone_events, mut subscribers) = subscribe::share(
         forget_gone(
-            track_sync(
-                watcher(api::<Zone>(&client, namespace), watcher::Config::default())
-                    .default_backoff(),
+            hub_watch(
+                api::<Zone>(&client, namespace),
+                watcher::Config::default(),
                 &readiness,
             )
             .reflect(zone_writer),
@@ -1085,44 +1085,32 @@ pub async fn run(
     let zone_events = zone_events.for_each(|_| std::future::ready(()));
 
     let (clusters, cluster_writer) = reflector::store();
-    let cluster_events = track_sync(
-        watcher(
-            api::<TalosCluster>(&client, namespace),
-            watcher::Config::default(),
-        )
-        .default_backoff(),
+    let cluster_events = hub_watch(
+        api::<TalosCluster>(&client, namespace),
+        watcher::Config::default(),
         &readiness,
     )
     .reflect(cluster_writer)
     .touched_objects();
     let (instances, instance_writer) = reflector::store();
-    let instance_events = track_sync(
-        watcher(
-            api::<Instance>(&client, namespace),
-            watcher::Config::default(),
-        )
-        .default_backoff(),
+    let instance_events = hub_watch(
+        api::<Instance>(&client, namespace),
+        watcher::Config::default(),
         &readiness,
     )
     .reflect(instance_writer)
     .touched_objects();
     let (kontinuums, kontinuum_writer) = reflector::store();
-    let kontinuum_events = track_sync(
-        watcher(
-            api::<Kontinuum>(&client, namespace),
-            watcher::Config::default(),
-        )
-        .default_backoff(),
+    let kontinuum_events = hub_watch(
+        api::<Kontinuum>(&client, namespace),
+        watcher::Config::default(),
         &readiness,
     )
     .reflect(kontinuum_writer)
     .touched_objects();
-    let identity_events = track_sync(
-        watcher(
-            api::<PartialObjectMeta<Secret>>(&client, namespace),
-            watcher::Config::default().fields(&format!("type={}", identity::SECRET_TYPE)),
-        )
-        .default_backoff(),
+    let identity_events = hub_watch(
+        api::<PartialObjectMeta<Secret>>(&client, namespace),
+        watcher::Config::default().fields(&format!("type={}", identity::SECRET_TYPE)),
         &readiness,
     )
     .touched_objects();

@@ -33,8 +33,8 @@ use kontinuum_e2e::testbed::{Tools, unique_dir};
 use kontinuum_e2e::zone::wait_zone_condition;
 use kontinuum_e2e::{
     Operator, audit_requests, audit_writes, eventually, install_kontinuum_crds, namespace,
-    secret_requests, service_account_kubeconfig, service_account_user, shared_client,
-    workspace_binary,
+    reconcile_totals, secret_requests, service_account_kubeconfig, service_account_user,
+    shared_client, workspace_binary,
 };
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client, ResourceExt as _};
@@ -68,7 +68,7 @@ async fn a_zone_manifest_becomes_an_installed_zone_and_goes_away() {
     })
     .await
     .unwrap();
-    let (_operators, _) = start_operators(
+    let (operators, _) = start_operators(
         &client,
         shared,
         &ns,
@@ -89,12 +89,13 @@ async fn a_zone_manifest_becomes_an_installed_zone_and_goes_away() {
     )
     .await
     .unwrap();
-    let _installer = start_addon_installer(
+    // The default resync (5 min): pod health comes from the addon-installer's pod watch.
+    let addon_operator = start_addon_installer(
         &workspace_binary("addon-installer").unwrap(),
         &kubeconfig,
         &ns,
         &repo.url,
-        &["--resync-interval", "2s"],
+        &[],
     )
     .await
     .unwrap();
@@ -102,7 +103,7 @@ async fn a_zone_manifest_becomes_an_installed_zone_and_goes_away() {
         service_account_kubeconfig(&client, shared, &ns, "zone-installer", "cluster-admin")
             .await
             .unwrap();
-    let _zone_installer = Operator::start(
+    let zone_operator = Operator::start(
         Path::new(env!("CARGO_BIN_EXE_zone-installer")),
         "zone-installer",
         &kubeconfig,
@@ -393,5 +394,23 @@ async fn a_zone_manifest_becomes_an_installed_zone_and_goes_away() {
     eprintln!(
         "zone add: ClusterReady after {cluster_ready:?}, Installed after {installed:?}; remove: {removed:?}"
     );
+
+    // Churn (issue 14, deliverable 3): what one Zone's whole life (add, Ready, 60 idle
+    // seconds, remove) cost each operator, in reconciles (its own metric) and writes (the
+    // audit log).
+    let mut lifecycle = Vec::new();
+    for (user, operator) in users
+        .iter()
+        .zip(operators.iter().chain([&addon_operator, &zone_operator]))
+    {
+        let reconciles = reconcile_totals(&operator.metrics().await.unwrap());
+        let writes = audit_writes(&log, user).unwrap().len();
+        lifecycle.push((
+            user.rsplit(':').next().unwrap_or_default().to_string(),
+            reconciles,
+            writes,
+        ));
+    }
+    eprintln!("zone lifecycle (operator, reconciles by controller, writes): {lifecycle:?}");
     emulator.shutdown().await;
 }
