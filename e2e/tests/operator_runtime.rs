@@ -1,7 +1,8 @@
 //! The shared operator runtime against the real API server: status writes are skipped when
 //! nothing but timestamps changed (and `lastTransitionTime` moves only on a status flip),
 //! and leader election hands the Lease over when the leader stops; an operator binary elects
-//! a leader by default, in its pod's namespace (never a fixed one), and logs at `info`.
+//! a leader by default, in its pod's namespace (never a fixed one), and logs at `info`; a
+//! repeated Event is counted on one Event's series.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -11,6 +12,8 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kontinuum_crds::conditions::{self, ConditionStatus};
@@ -18,11 +21,12 @@ use kontinuum_crds::v1alpha2::{Zone, ZoneStatus};
 use kontinuum_e2e::{eventually, install_kontinuum_crds, namespace, shared_client};
 use kontinuum_operator_common::admin::Readiness;
 use kontinuum_operator_common::args::LeaderArgs;
+use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::leader::Leadership;
 use kontinuum_operator_common::shutdown::{Reason, Shutdown};
 use kontinuum_operator_common::status::apply_status;
-use kube::ResourceExt as _;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Resource as _, ResourceExt as _};
 
 const MANAGER: &str = "e2e-status.kontinuum.sh";
 
@@ -110,6 +114,82 @@ async fn status_is_written_only_when_it_changes() {
         c.last_transition_time,
         Time(Timestamp::from_second(1_000).unwrap())
     );
+}
+
+/// A repeated Warning is one Event whose `series` counts the repeats (the API server accepts
+/// what we create and patch), another reason is another Event, and a repeat after the first
+/// Event was deleted creates a new one instead of failing.
+#[tokio::test]
+async fn a_repeated_event_is_one_event_with_a_series() {
+    let (client, _) = shared_client().await.unwrap();
+    let ns = namespace(&client, "events").await.unwrap();
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let object = config_maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "subject" }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let reference = object.object_ref(&());
+    let publisher = Events::new(client.clone(), "e2e-events", Some("e2e-0".into()));
+    for _ in 0..3 {
+        publisher
+            .warning(&reference, "ProbeFailed", "Probe", "no answer".into())
+            .await;
+    }
+    publisher
+        .normal(&reference, "Discovered", "Probe", "answered".into())
+        .await;
+    let events: Api<K8sEvent> = Api::namespaced(client.clone(), &ns);
+    let listed = events.list(&ListParams::default()).await.unwrap().items;
+    let by_reason = |reason: &str| -> Vec<K8sEvent> {
+        listed
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .cloned()
+            .collect()
+    };
+    let failed = by_reason("ProbeFailed");
+    assert_eq!(failed.len(), 1, "three repeats, one Event: {failed:?}");
+    let failed = &failed[0];
+    assert_eq!(failed.series.as_ref().map(|s| s.count), Some(3));
+    assert_eq!(failed.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        failed.reporting_controller.as_deref(),
+        Some("e2e-events.kontinuum.sh")
+    );
+    assert_eq!(failed.reporting_instance.as_deref(), Some("e2e-0"));
+    assert_eq!(
+        failed.regarding.as_ref().and_then(|r| r.uid.clone()),
+        object.metadata.uid
+    );
+    let discovered = by_reason("Discovered");
+    assert_eq!(discovered.len(), 1);
+    assert!(discovered[0].series.is_none());
+
+    // The first Event deleted: the next repeat publishes a new one.
+    events
+        .delete(&failed.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    publisher
+        .warning(&reference, "ProbeFailed", "Probe", "no answer".into())
+        .await;
+    let again: Vec<K8sEvent> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ProbeFailed"))
+        .collect();
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_ne!(again[0].name_any(), failed.name_any());
+    assert!(again[0].series.is_none());
 }
 
 fn leader_args(ns: &str, identity: &str) -> LeaderArgs {
