@@ -45,7 +45,7 @@ unit: ## Tests that need no test bed
 bench: ## Benchmarks (release build); Markdown figures in bench-results/
 	$(CARGO) build --release --locked -p talos-emulator -p kontinuum-hostlet -p instance-discovery -p pool-claimer -p talos-bootstrapper -p addon-installer -p etcd-proxy -p registry -p zone-installer -p kubectl-kontinuum -p kontinuum-bench
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench talos --machines 1000 --concurrency 16,64 --out bench-results/talos.md
-	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench discovery --machines 1000 --pools 10 --out bench-results/discovery.md
+	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench discovery --machines 10000 --pools 1000 --out bench-results/discovery.md
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench bootstrap --runs 5 --out bench-results/bootstrap.md
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench addons --runs 3 --out bench-results/addons.md
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench etcd-proxy --ops put,range,put-lease --concurrency 1,16 --rounds 3 --out bench-results/etcd-proxy.md

@@ -21,6 +21,7 @@ use kontinuum_e2e::{
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 
+use crate::bootstrap::operator_binary;
 use crate::emulator::{EmulatorProcess, Options, default_binary};
 use crate::report::{Environment, Report, Section, Table};
 use crate::say;
@@ -44,21 +45,6 @@ pub struct Args {
     /// Give up after this many seconds per phase.
     #[arg(long, default_value_t = 600)]
     timeout_seconds: u64,
-}
-
-pub(crate) fn operator_binary(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let path = exe
-        .parent()
-        .context("locating the target directory")?
-        .join(name);
-    if !path.is_file() {
-        bail!(
-            "{} is missing: build it with `cargo build --release -p {name}`",
-            path.display()
-        );
-    }
-    Ok(path)
 }
 
 async fn count(instances: &Api<Instance>, condition: &str) -> anyhow::Result<usize> {
@@ -89,6 +75,54 @@ where
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     Ok(start.elapsed())
+}
+
+/// The operators, in the order of the footprint table.
+const OPERATORS: [&str; 5] = [
+    "instance-discovery",
+    "pool-claimer",
+    "talos-bootstrapper",
+    "addon-installer",
+    "zone-installer",
+];
+
+/// How long an operator runs, ready, before its footprint is read.
+const SETTLE: Duration = Duration::from_secs(10);
+
+/// `name` with admin credentials for `ns`, with the flags it needs to start at all.
+async fn start_plain(
+    name: &str,
+    kubeconfig: &std::path::Path,
+    ns: &str,
+) -> anyhow::Result<Operator> {
+    let mut args = vec!["--namespace", ns];
+    if name == "zone-installer" {
+        args.extend([
+            "--insecure-allow-anonymous",
+            "true",
+            "--hub-grpc-endpoint",
+            "127.0.0.1:2379",
+        ]);
+    }
+    Operator::start(&operator_binary(name)?, name, kubeconfig, &args).await
+}
+
+/// What a ready operator costs: its RSS after [`SETTLE`], and the CPU time it used in it.
+async fn settle(operator: &Operator) -> Footprint {
+    let pid = operator.pid().unwrap_or_default();
+    let before = crate::procfs::cpu_time(pid).unwrap_or_default();
+    tokio::time::sleep(SETTLE).await; // the measurement window itself
+    Footprint {
+        rss_kib: crate::procfs::memory(pid).unwrap_or_default().rss_kib,
+        cpu: crate::procfs::cpu_time(pid)
+            .unwrap_or_default()
+            .saturating_sub(before),
+    }
+}
+
+struct Footprint {
+    rss_kib: u64,
+    cpu: Duration,
 }
 
 struct Phase {
@@ -146,6 +180,15 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
     install_kontinuum_crds(&client).await?;
     install_operator_roles(&client).await?;
     let ns = namespace(&client, "bench").await?;
+
+    // Every operator with nothing to do: a namespace of its own, empty.
+    let idle_ns = namespace(&client, "bench-idle").await?;
+    let mut idle = Vec::new();
+    for name in OPERATORS {
+        say(&format!("{name}: idle"));
+        let operator = start_plain(name, cp.kubeconfig_path(), &idle_ns).await?;
+        idle.push(settle(&operator).await);
+    }
 
     say(&format!(
         "starting the emulator with {} machines",
@@ -268,6 +311,20 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
         audit_writes(&log, &claimer_user)?.len(),
     );
 
+    // Converged with every Instance and pool present: the three operators that did nothing
+    // yet join (they cache Instances too), and all five are measured over the same window.
+    let mut others = Vec::new();
+    for name in &OPERATORS[2..] {
+        others.push(start_plain(name, cp.kubeconfig_path(), &ns).await?);
+    }
+    let loaded = futures::future::join_all(
+        [&discovery, &claimer]
+            .into_iter()
+            .chain(&others)
+            .map(settle),
+    )
+    .await;
+
     let mut report = Report::new("Discovery and claim benchmark", environment);
     let mut table = Table::new(&[
         "phase",
@@ -303,6 +360,34 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
             ))
             .table(table),
     );
+    let mut footprint = Table::new(&[
+        "operator",
+        "RSS idle (nothing to do)",
+        "CPU idle (per 10 s)",
+        &format!("RSS with {} Instances, {pools} pools", args.machines),
+        "CPU converged (per 10 s)",
+        "targets (idle / loaded)",
+    ]);
+    for ((name, idle), loaded) in OPERATORS.iter().zip(&idle).zip(&loaded) {
+        footprint.row(vec![
+            (*name).to_string(),
+            crate::stats::fmt_kib(idle.rss_kib),
+            fmt_duration(idle.cpu),
+            crate::stats::fmt_kib(loaded.rss_kib),
+            fmt_duration(loaded.cpu),
+            "< 20 MiB / < 100 MiB".into(),
+        ]);
+    }
+    report.push(
+        Section::new("Footprint")
+            .text(format!(
+                "Each operator (release build, admin credentials, `--namespace` set) first alone in an empty namespace, then in the benchmark's namespace after every Instance is Discovered and claimed ({} Instances, {pools} InstancePools, no TalosCluster: bootstrapping them would start a control plane per cluster, which this machine cannot hold). RSS is VmRSS after the operator was ready and {}s more passed; CPU is the CPU time it used in that window.",
+                args.machines,
+                SETTLE.as_secs()
+            ))
+            .table(footprint),
+    );
+    drop(others);
     drop(discovery);
     drop(claimer);
     emulator.stop(Duration::from_secs(10)).await?;

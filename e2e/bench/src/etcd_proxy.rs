@@ -174,7 +174,7 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
     let tools = Tools::locate().context("locating the test-bed tools (KONTINUUM_TESTBED_BIN)")?;
     let bin = match &args.etcd_proxy_bin {
         Some(bin) => bin.clone(),
-        None => crate::discovery::operator_binary("etcd-proxy")?,
+        None => crate::bootstrap::operator_binary("etcd-proxy")?,
     };
     let mut world = World::start(
         &tools,
