@@ -48,6 +48,7 @@ bench: ## Benchmarks (release build); Markdown figures in bench-results/
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench discovery --machines 10000 --pools 1000 --out bench-results/discovery.md
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench bootstrap --runs 5 --out bench-results/bootstrap.md
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench addons --runs 3 --out bench-results/addons.md
+	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench zone-watches --clusters 100,200,400 --cycles 5 --out bench-results/zone-watches.md
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench etcd-proxy --ops put,range,put-lease --concurrency 1,16 --rounds 3 --out bench-results/etcd-proxy.md
 	KONTINUUM_TESTBED_BIN=$(TESTBED_BIN) target/release/kontinuum-bench zone --runs 5 --out bench-results/zone.md
 

@@ -33,6 +33,7 @@ mod report;
 mod stats;
 mod talos;
 mod zone;
+mod zone_watches;
 
 use std::io::Write as _;
 
@@ -61,6 +62,8 @@ enum Command {
     EtcdProxy(etcd_proxy::Args),
     /// zone-installer and every operator: `zone add` to Ready, per stage, against the floor.
     Zone(zone::Args),
+    /// addon-installer's downstream pod watches: memory per zone cluster watched.
+    ZoneWatches(zone_watches::Args),
 }
 
 /// A progress line on stderr (the report goes to stdout).
@@ -79,6 +82,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Bootstrap(args) => bootstrap::run(args).await?,
         Command::EtcdProxy(args) => etcd_proxy::run(args).await?,
         Command::Zone(args) => zone::run(args).await?,
+        Command::ZoneWatches(args) => zone_watches::run(args).await?,
     };
     let mut out = std::io::stdout().lock();
     write!(out, "{report}").context("writing to stdout")?;
