@@ -54,7 +54,7 @@ fn pending_pod(name: &str) -> anyhow::Result<Pod> {
         "metadata": { "name": name, "labels": { "app.kubernetes.io/name": "bench" } },
         "spec": {
             "nodeSelector": { "kontinuum.sh/bench": "nowhere" },
-            "containers": [{ "name": "c", "image": "registry.invalid/bench:1" }]
+            "containers": [{ "name": "c", "image": "example.invalid/bench:1" }]
         }
     }))?)
 }
