@@ -21,14 +21,14 @@
 //! → `ControlPlaneReady` → `cert-manager` seeded, workers configured → `Ready` when every
 //! enabled Addon is `Ready`. Every gate is re-evaluated on every reconcile: nothing latches.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kontinuum_crds::conditions::{self, ConditionStatus};
 use kontinuum_crds::labels;
 use kontinuum_crds::reasons::{
@@ -36,21 +36,18 @@ use kontinuum_crds::reasons::{
     TalosClusterReason as Reason,
 };
 use kontinuum_crds::v1alpha2::{
-    Addon, AddonSpec, BuiltinAddon, ControlPlaneStatus, Instance, InstancePool, KUBECONFIG_KEY,
-    KUBECONFIG_SECRET_COMPONENT, LocalRef, MachineTeardown, SECRETS_BUNDLE_KEY,
-    SECRETS_SECRET_COMPONENT, TALOSCONFIG_KEY, TalosCluster, TalosClusterStatus, TeardownOutcome,
-    WorkerPoolStatus, kubeconfig_secret_name,
+    Addon, AddonSpec, BuiltinAddon, ControlPlaneStatus, Instance, KUBECONFIG_KEY,
+    KUBECONFIG_SECRET_COMPONENT, LocalRef, SECRETS_BUNDLE_KEY, SECRETS_SECRET_COMPONENT,
+    TALOSCONFIG_KEY, TalosCluster, TalosClusterStatus, WorkerPoolStatus, kubeconfig_secret_name,
 };
 use kontinuum_operator_common::backoff::object_key;
-use kontinuum_operator_common::claims::set_claim;
 use kontinuum_operator_common::error::{chain, forbidden, retry_after_backoff};
 use kontinuum_operator_common::finalizer;
 use kontinuum_operator_common::shutdown::Shutdown;
 use kontinuum_operator_common::status::apply_status;
-use kontinuum_operator_common::tracked::Forget as _;
 use kontinuum_talos::{ApplyMode, ClientIdentity, ErrorKind};
 use kontinuum_talos_config::{SecretsBundle, TalosVersion};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -96,7 +93,7 @@ pub async fn reconcile(cluster: Arc<TalosCluster>, ctx: Arc<Ctx>) -> Result<Acti
         if !finalizer::has(cluster.as_ref(), FINALIZER) {
             return Ok(Action::await_change());
         }
-        if let Some(wait) = cleanup(&cluster, &ctx).await? {
+        if let Some(wait) = crate::teardown::cleanup(&cluster, &ctx).await? {
             return Ok(wait);
         }
         finalizer::remove(&api, cluster.as_ref(), FINALIZER)
@@ -150,19 +147,19 @@ async fn report_forbidden(api: &Api<TalosCluster>, cluster: &TalosCluster, messa
 /// One reconcile's working state: the desired cluster status and member conditions,
 /// written by [`Run::finish`] (and by [`Run::flush`] right after a step that must not be
 /// repeated).
-struct Run<'a> {
-    cluster: &'a TalosCluster,
-    ctx: &'a Ctx,
+pub(crate) struct Run<'a> {
+    pub(crate) cluster: &'a TalosCluster,
+    pub(crate) ctx: &'a Ctx,
     api: Api<TalosCluster>,
     instances: Api<Instance>,
     written: Option<TalosClusterStatus>,
-    status: TalosClusterStatus,
+    pub(crate) status: TalosClusterStatus,
     members: BTreeMap<String, (Vec<Condition>, Vec<Condition>)>,
     now: Time,
 }
 
 impl<'a> Run<'a> {
-    fn new(cluster: &'a TalosCluster, ctx: &'a Ctx) -> Self {
+    pub(crate) fn new(cluster: &'a TalosCluster, ctx: &'a Ctx) -> Self {
         let ns = cluster.namespace().unwrap_or_default();
         Self {
             cluster,
@@ -180,13 +177,35 @@ impl<'a> Run<'a> {
         self.cluster.metadata.generation
     }
 
-    fn set(&mut self, c: Cond, s: ConditionStatus, reason: Reason, message: impl Into<String>) {
+    pub(crate) fn set(
+        &mut self,
+        c: Cond,
+        s: ConditionStatus,
+        reason: Reason,
+        message: impl Into<String>,
+    ) {
         let condition = conditions::new(c, s, reason, message, self.generation());
         conditions::set(&mut self.status.conditions, condition, &self.now);
     }
 
     fn is_true(&self, c: Cond) -> bool {
         conditions::is_true(&self.status.conditions, c)
+    }
+
+    fn namespace(&self) -> String {
+        self.cluster.namespace().unwrap_or_default()
+    }
+
+    /// Sets what a decision of [`plan`] returned.
+    fn apply_sets(&mut self, sets: impl IntoIterator<Item = plan::ClusterSet>) {
+        for s in sets {
+            self.set(s.condition, s.status, s.reason, s.message);
+        }
+    }
+
+    /// Sets a member condition a decision of [`plan`] returned.
+    fn apply_member(&mut self, name: &str, s: &plan::MemberSet) {
+        self.set_member(name, s.condition, s.status, s.reason, &s.message);
     }
 
     /// Sets a condition on a member Instance (written by `flush`).
@@ -218,7 +237,7 @@ impl<'a> Run<'a> {
     }
 
     /// Writes the cluster status and every changed member's conditions.
-    async fn flush(&mut self) -> Result<(), Error> {
+    pub(crate) async fn flush(&mut self) -> Result<(), Error> {
         // The cluster status first: it records what was done (Bootstrapped, configured
         // members); the member conditions only mirror it.
         let ready = plan::ready_condition(
@@ -280,7 +299,7 @@ impl<'a> Run<'a> {
     }
 }
 
-fn own_conditions(all: &[Condition]) -> Vec<Condition> {
+pub(crate) fn own_conditions(all: &[Condition]) -> Vec<Condition> {
     all.iter()
         .filter(|c| MEMBER_CONDITIONS.iter().any(|t| t.as_str() == c.type_))
         .cloned()
@@ -291,7 +310,7 @@ fn own_conditions(all: &[Condition]) -> Vec<Condition> {
 /// condition: a read-modify-write guarded by the resourceVersion (retried on conflict), so
 /// a condition is always written or removed whole — server-side apply would leave
 /// half-owned entries behind when another controller wrote the same type.
-async fn write_member_conditions(
+pub(crate) async fn write_member_conditions(
     api: &Api<Instance>,
     name: &str,
     desired: &[Condition],
@@ -366,7 +385,7 @@ fn secret_labels(cluster: &TalosCluster, component: &str) -> BTreeMap<String, St
     out
 }
 
-fn owned_by(
+pub(crate) fn owned_by(
     object: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     uid: Option<&str>,
 ) -> bool {
@@ -460,7 +479,7 @@ async fn ensure_secret(
 
 /// The cluster's kubeconfig Secret, read.
 enum KubeconfigState {
-    Stored(Vec<u8>),
+    Stored,
     Absent,
     /// A Secret of that name belongs to another (earlier) cluster.
     Stale,
@@ -485,9 +504,7 @@ async fn read_kubeconfig(
         .data
         .as_ref()
         .and_then(|d| d.get(KUBECONFIG_KEY))
-        .map_or(KubeconfigState::Absent, |k| {
-            KubeconfigState::Stored(k.0.clone())
-        }))
+        .map_or(KubeconfigState::Absent, |_| KubeconfigState::Stored))
 }
 
 /// Creates (or repairs) the kubeconfig Secret: the kubeconfig alone, owned by the cluster.
@@ -589,530 +606,488 @@ fn kubernetes_version(cluster: &TalosCluster) -> String {
     v.strip_prefix('v').unwrap_or(v).to_owned()
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "the flow reads top to bottom, one step after another"
-)]
+/// A step's outcome: go on with its result, or end the reconcile with this `Action` (the
+/// status written by [`Run::finish`]).
+type Step<T> = ControlFlow<Action, T>;
+
+/// What one reconcile read from the caches: the members and the cluster's Addons.
+struct World {
+    members: Members,
+    addons: Vec<Arc<Addon>>,
+}
+
+impl World {
+    fn usable_control_plane(&self) -> Vec<&Member> {
+        self.members
+            .control_plane
+            .iter()
+            .filter(|m| m.usable())
+            .collect()
+    }
+
+    fn usable_workers(&self) -> Vec<Member> {
+        self.members
+            .workers
+            .iter()
+            .flat_map(|(_, ms)| ms.iter().cloned())
+            .filter(Member::usable)
+            .collect()
+    }
+}
+
+/// What every Talos step needs: the endpoint member, the config input, the bundle and the
+/// cluster's admin identity.
+struct Target {
+    endpoint: Member,
+    input: ClusterInput,
+    bundle: Box<SecretsBundle>,
+    identity: ClientIdentity,
+}
+
+/// The secrets Secret as the later steps use it.
+struct StoredSecrets {
+    bundle: Box<SecretsBundle>,
+    legacy_kubeconfig: Option<Vec<u8>>,
+    has_talosconfig: bool,
+}
+
 async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
-    let name = cluster.name_any();
-    let ns = cluster.namespace().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let retry = ctx.settings.retry;
     let mut run = Run::new(cluster, ctx);
     run.status.teardown.clear();
     conditions::remove(&mut run.status.conditions, Cond::Deleting);
-
-    // The requested version must have a config contract (machines that report none use it).
-    let version = match TalosVersion::parse(requested_version(cluster))
-        .and_then(|v| v.contract().map(|_| v))
-    {
+    let version = match plan::talos_version(requested_version(cluster)) {
         Ok(v) => v,
-        Err(err) => {
-            let message = format!("spec.talos.version: {}", chain(&err));
-            run.set(
-                Cond::Bootstrapped,
-                ConditionStatus::False,
-                Reason::UnsupportedTalosVersion,
-                message,
-            );
+        Err(unsupported) => {
+            run.apply_sets([unsupported]);
             return run.finish(Action::await_change()).await;
         }
     };
+    let world = observe(&mut run);
+    let secrets = match secrets_bundle(&mut run, &version).await? {
+        ControlFlow::Continue(s) => s,
+        ControlFlow::Break(action) => return run.finish(action).await,
+    };
+    let Some(endpoint) = endpoint(&mut run, &world) else {
+        return run.finish(Action::requeue(RESYNC)).await;
+    };
+    let target = Target {
+        input: ClusterInput {
+            name: cluster.name_any(),
+            endpoint_host: endpoint.address.clone().unwrap_or_default(),
+            talos_version: version,
+            kubernetes_version: kubernetes_version(cluster),
+        },
+        identity: machines::admin_identity(&secrets.bundle, &cluster.name_any())?,
+        endpoint,
+        bundle: secrets.bundle.clone(),
+    };
+    let mut pending = match configure_control_plane(&mut run, &world, &target).await? {
+        ControlFlow::Continue(all) => !all,
+        ControlFlow::Break(action) => return run.finish(action).await,
+    };
+    if let ControlFlow::Break(action) = bootstrap_once(&mut run, &target).await? {
+        return run.finish(action).await;
+    }
+    if let ControlFlow::Break(action) = kubeconfig(&mut run, &world, &target, &secrets).await? {
+        return run.finish(action).await;
+    }
+    // Addons before health: nothing, CoreDNS included, runs before Cilium does.
+    let view = plan::addons_view(
+        cluster,
+        &world.addons,
+        true,
+        run.is_true(Cond::ControlPlaneReady),
+    );
+    seed(&run, &view.to_seed).await?;
+    let mut action = control_plane_health(&mut run, &world, &target, &view).await;
+    pending |= !workers(&mut run, &world, &target).await?;
+    pending |= !reset_released(&mut run, &world.members, &target).await;
+    let cp_ready = run.is_true(Cond::ControlPlaneReady);
+    set_addons(&mut run, &world.addons, cp_ready);
+    if pending {
+        action = Action::requeue(ctx.settings.retry);
+    }
+    run.status.observed_generation = cluster.metadata.generation;
+    run.finish(action).await
+}
 
-    // 1. observe
-    let instances = ctx.instances.state();
-    let members = plan::members(cluster, &instances);
-    let addons = ctx.addons.state();
-    let usable_cp: Vec<&Member> = members
+/// Reads the members and Addons, and records what follows from them alone: replica counts
+/// and every member found configured (also one whose status write was lost).
+fn observe(run: &mut Run<'_>) -> World {
+    let world = World {
+        members: plan::members(run.cluster, &run.ctx.instances.state()),
+        addons: run.ctx.addons.state(),
+    };
+    let ready_replicas = run
+        .status
         .control_plane
-        .iter()
-        .filter(|m| m.usable())
-        .collect();
+        .as_ref()
+        .map_or(0, |c| c.ready_replicas);
     run.status.control_plane = Some(ControlPlaneStatus {
-        replicas: i32::try_from(usable_cp.len()).unwrap_or(i32::MAX),
-        ready_replicas: run
-            .status
-            .control_plane
-            .as_ref()
-            .map_or(0, |c| c.ready_replicas),
+        replicas: count(world.usable_control_plane().len()),
+        ready_replicas,
     });
-    // Every member with Configured=True is recorded, also one configured by an earlier
-    // reconcile whose status write was lost.
-    for member in members.teardown_order() {
+    for member in world.members.teardown_order() {
         if member.configured && !run.status.configured_instances.contains(&member.name) {
             run.status.configured_instances.push(member.name.clone());
         }
     }
     run.status.configured_instances.sort();
-    run.status.workers = members
+    run.status.workers = world
+        .members
         .workers
         .iter()
         .map(|(pool, ms)| WorkerPoolStatus {
             name: pool.clone(),
-            replicas: i32::try_from(ms.iter().filter(|m| m.usable()).count()).unwrap_or(i32::MAX),
-            joined_replicas: i32::try_from(ms.iter().filter(|m| m.joined).count())
-                .unwrap_or(i32::MAX),
+            replicas: count(ms.iter().filter(|m| m.usable()).count()),
+            joined_replicas: count(ms.iter().filter(|m| m.joined).count()),
         })
         .collect();
+    world
+}
 
-    // 2. the secrets bundle: created once, never regenerated.
-    let (bundle, legacy_kubeconfig, has_talosconfig) = match ensure_secret(
-        &mut run, &secrets, &version,
-    )
-    .await?
-    {
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// The secrets bundle: created once, never regenerated.
+async fn secrets_bundle(
+    run: &mut Run<'_>,
+    version: &TalosVersion,
+) -> Result<Step<StoredSecrets>, Error> {
+    let secrets: Api<Secret> = Api::namespaced(run.ctx.client.clone(), &run.namespace());
+    let state = ensure_secret(run, &secrets, version).await?;
+    let bootstrapped = run.is_true(Cond::Bootstrapped);
+    let reported = conditions::get(&run.status.conditions, Cond::KubeconfigAvailable)
+        .map(|c| c.reason.clone());
+    let outcome = match state {
         SecretState::Ready {
             bundle,
             legacy_kubeconfig,
             has_talosconfig,
-        } => (bundle, legacy_kubeconfig, has_talosconfig),
+        } => {
+            return Ok(ControlFlow::Continue(StoredSecrets {
+                bundle,
+                legacy_kubeconfig,
+                has_talosconfig,
+            }));
+        }
         SecretState::Missing => {
-            let secret = secret_name(&name);
-            let message = format!(
-                "Secret {secret} with the talos secrets bundle is gone; the machines trust its CAs, so it is never regenerated: restore it from a backup"
-            );
-            // One Event when it is first noticed, not one per reconcile.
-            if conditions::get(&run.status.conditions, Cond::KubeconfigAvailable)
-                .is_none_or(|c| c.reason != Reason::SecretsBundleMissing.as_str())
-            {
-                ctx.events
-                    .warning(
-                        &cluster.object_ref(&()),
-                        Reason::SecretsBundleMissing.as_str(),
-                        "Reconcile",
-                        message.clone(),
-                    )
-                    .await;
-            }
-            run.set(
-                Cond::KubeconfigAvailable,
-                ConditionStatus::False,
-                Reason::SecretsBundleMissing,
-                message.clone(),
-            );
-            if !run.is_true(Cond::Bootstrapped) {
-                run.set(
-                    Cond::Bootstrapped,
-                    ConditionStatus::False,
-                    Reason::SecretsBundleMissing,
-                    message,
-                );
-            }
-            return run.finish(Action::requeue(RESYNC)).await;
+            plan::secret_missing(&secret_name(&run.cluster.name_any()), bootstrapped)
         }
-        SecretState::Stale { secret } => {
-            let message = format!(
-                "Secret {secret} belongs to an earlier cluster of the same name; waiting for the garbage collector to delete it"
-            );
-            run.set(
-                Cond::Bootstrapped,
-                ConditionStatus::False,
-                Reason::StaleSecret,
-                message,
-            );
-            return run.finish(Action::requeue(retry)).await;
-        }
+        SecretState::Stale { secret } => plan::secret_stale(&secret),
     };
+    // One Event when a missing bundle is first noticed, not one per reconcile.
+    if outcome
+        .sets
+        .iter()
+        .any(|s| s.reason == Reason::SecretsBundleMissing)
+        && reported.as_deref() != Some(Reason::SecretsBundleMissing.as_str())
+        && let Some(set) = outcome.sets.first()
+    {
+        let reference = run.cluster.object_ref(&());
+        run.ctx
+            .events
+            .warning(
+                &reference,
+                set.reason.as_str(),
+                "Reconcile",
+                set.message.clone(),
+            )
+            .await;
+    }
+    run.apply_sets(outcome.sets);
+    let wait = match outcome.wait {
+        plan::Wait::Resync => RESYNC,
+        plan::Wait::Retry => run.ctx.settings.retry,
+    };
+    Ok(ControlFlow::Break(Action::requeue(wait)))
+}
 
-    // 3. the control-plane members.
-    let current_host = run
+/// The endpoint member (sticky, see [`plan::endpoint_member`]), recorded in
+/// `status.endpoint`; `None` (conditions set) while no control-plane machine is usable.
+fn endpoint(run: &mut Run<'_>, world: &World) -> Option<Member> {
+    let current = run
         .status
         .endpoint
         .as_deref()
         .and_then(plan::endpoint_host)
         .map(str::to_owned);
     let Some(endpoint) =
-        plan::endpoint_member(&members.control_plane, current_host.as_deref()).cloned()
+        plan::endpoint_member(&world.members.control_plane, current.as_deref()).cloned()
     else {
-        let message = "no claimed, discovered control-plane instance yet";
-        for c in [
-            Cond::Bootstrapped,
-            Cond::KubeconfigAvailable,
-            Cond::ControlPlaneReady,
-        ] {
-            if !run.is_true(c) || c == Cond::ControlPlaneReady {
-                run.set(
-                    c,
-                    ConditionStatus::False,
-                    Reason::WaitingForInstances,
-                    message,
-                );
-            }
-        }
-        set_addons(&mut run, &addons, false);
-        return run.finish(Action::requeue(RESYNC)).await;
+        let sets = plan::no_control_plane(&run.status.conditions);
+        run.apply_sets(sets);
+        set_addons(run, &world.addons, false);
+        return None;
     };
-    let endpoint_host = endpoint.address.clone().unwrap_or_default();
-    run.status.endpoint = Some(plan::endpoint_url(&endpoint_host));
-    let input = ClusterInput {
-        name: name.clone(),
-        endpoint_host,
-        talos_version: version,
-        kubernetes_version: kubernetes_version(cluster),
-    };
-    let identity = machines::admin_identity(&bundle, &name)?;
+    run.status.endpoint = Some(plan::endpoint_url(
+        endpoint.address.as_deref().unwrap_or_default(),
+    ));
+    Some(endpoint)
+}
 
-    // 4. configure the control plane (the endpoint must succeed; others are retried).
-    let mut pending = false;
-    for member in &usable_cp {
+/// Configures the unconfigured control-plane members. The endpoint must succeed (its
+/// failure ends the reconcile); the others are retried. Continues with whether all were.
+async fn configure_control_plane(
+    run: &mut Run<'_>,
+    world: &World,
+    target: &Target,
+) -> Result<Step<bool>, Error> {
+    let mut all = true;
+    for member in world.usable_control_plane() {
         if member.configured {
             continue;
         }
-        match configure(&mut run, &input, &bundle, &identity, member).await {
-            Ok(()) => {}
-            Err(err) if member.name == endpoint.name => {
-                let message = chain(&err);
-                let reason = if identity_refused(&err) {
-                    Reason::IdentityChanged
-                } else {
-                    Reason::ConfigFailed
-                };
-                if !run.is_true(Cond::Bootstrapped) {
-                    run.set(
-                        Cond::Bootstrapped,
-                        ConditionStatus::False,
-                        reason,
-                        message.clone(),
-                    );
-                }
-                if config_refused(&err) {
-                    // The same config fails the same way: report it and wait for a change
-                    // of the cluster or its Instances (both watched) instead of retrying.
-                    warn!(instance = %member.name, error = &err as &dyn std::error::Error, "the endpoint's machine config is refused; waiting for a change");
-                    let reported = cluster.status.as_ref().and_then(|s| {
-                        conditions::get(&s.conditions, Cond::Bootstrapped)
-                            .map(|c| (c.reason.clone(), c.message.clone()))
-                    });
-                    if reported != Some((reason.as_str().to_owned(), message.clone())) {
-                        ctx.events
-                            .warning(
-                                &cluster.object_ref(&()),
-                                reason.as_str(),
-                                "Configure",
-                                message,
-                            )
-                            .await;
-                    }
-                    return run.finish(Action::await_change()).await;
-                }
-                run.flush().await?;
-                return Err(err);
-            }
-            Err(err) => {
-                warn!(instance = %member.name, error = &err as &dyn std::error::Error, "configuring a control-plane member failed; retrying");
-                pending = true;
-            }
+        let Err(err) = configure(run, target, member).await else {
+            continue;
+        };
+        if member.name != target.endpoint.name {
+            warn!(instance = %member.name, error = &err as &dyn std::error::Error, "configuring a control-plane member failed; retrying");
+            all = false;
+            continue;
         }
-    }
-
-    // 5. Bootstrap, exactly once. The intent is recorded before the call
-    //    (`Bootstrapped=Unknown`, reason `Bootstrapping`); finding it means an earlier call
-    //    may have gone out before a crash or an ambiguous timeout. Then the cluster's API
-    //    server answering proves etcd was bootstrapped; only when it has not answered for
-    //    `--bootstrap-grace-seconds` is Bootstrap called again (AlreadyExists is success).
-    if !run.is_true(Cond::Bootstrapped) {
-        let intent = conditions::get(&run.status.conditions, Cond::Bootstrapped)
-            .filter(|c| {
-                c.status == ConditionStatus::Unknown.as_str()
-                    && c.reason == Reason::Bootstrapping.as_str()
-            })
-            .map(|c| c.last_transition_time.0);
-        let mut call = true;
-        if let Some(since) = intent {
-            match crate::downstream::api_server_answers(ctx, &endpoint, &identity).await {
-                Ok(()) => {
-                    call = false;
-                    bootstrapped(
-                        &mut run,
-                        &endpoint,
-                        "the API server answers after an earlier Bootstrap call",
-                    )
-                    .await?;
-                }
-                Err(err) => {
-                    let waited = Timestamp::now().duration_since(since).unsigned_abs();
-                    if waited < ctx.settings.bootstrap_grace {
-                        let message = format!(
-                            "a Bootstrap call to {} may have been sent at {since}; waiting for the API server to answer before calling again: {}",
-                            endpoint.name,
-                            chain(&err)
-                        );
-                        run.set(
-                            Cond::Bootstrapped,
-                            ConditionStatus::Unknown,
-                            Reason::Bootstrapping,
-                            message,
-                        );
-                        run.set(
-                            Cond::KubeconfigAvailable,
-                            ConditionStatus::False,
-                            Reason::Bootstrapping,
-                            "waiting for etcd to be bootstrapped",
-                        );
-                        return run.finish(Action::requeue(retry)).await;
-                    }
-                }
-            }
-        }
-        if call {
-            run.set(
-                Cond::Bootstrapped,
-                ConditionStatus::Unknown,
-                Reason::Bootstrapping,
-                format!("calling Bootstrap on {}", endpoint.name),
-            );
+        let failed = plan::endpoint_config_failed(
+            identity_refused(&err),
+            config_refused(&err),
+            &chain(&err),
+            &run.status.conditions,
+        );
+        let announce =
+            failed.announce(run.cluster.status.as_ref().map(|s| s.conditions.as_slice()));
+        run.apply_sets(failed.sets.clone());
+        if !failed.wait_for_change {
             run.flush().await?;
-            let outcome = async {
-                let client = ctx.settings.dialer.configured(&endpoint, &identity).await?;
-                ctx.metrics.external_call("talos", "Bootstrap");
-                client.bootstrap().await.map_err(|source| Error::Talos {
-                    instance: endpoint.name.clone(),
-                    source,
-                })
-            }
-            .await;
-            match outcome {
-                Ok(outcome) => {
-                    info!(instance = %endpoint.name, ?outcome, "etcd bootstrapped");
-                    bootstrapped(&mut run, &endpoint, "etcd bootstrapped").await?;
+            return Err(err);
+        }
+        // The same config fails the same way: report it and wait for a change of the
+        // cluster or its Instances (both watched) instead of retrying.
+        warn!(instance = %member.name, error = &err as &dyn std::error::Error, "the endpoint's machine config is refused; waiting for a change");
+        if let Some(set) = announce {
+            let reference = run.cluster.object_ref(&());
+            run.ctx
+                .events
+                .warning(&reference, set.reason.as_str(), "Configure", set.message)
+                .await;
+        }
+        return Ok(ControlFlow::Break(Action::await_change()));
+    }
+    Ok(ControlFlow::Continue(all))
+}
+
+/// Bootstrap, exactly once: the intent is recorded before the call; finding it means an
+/// earlier call may have gone out, so the cluster's API server is asked first, and only
+/// after `--bootstrap-grace-seconds` of silence is Bootstrap called again (`AlreadyExists`
+/// is success). See [`plan::bootstrap_step`].
+async fn bootstrap_once(run: &mut Run<'_>, target: &Target) -> Result<Step<()>, Error> {
+    let ctx = run.ctx;
+    let endpoint = &target.endpoint;
+    match plan::bootstrap_step(&run.status.conditions) {
+        plan::BootstrapStep::Done => return Ok(ControlFlow::Continue(())),
+        plan::BootstrapStep::Call => {}
+        plan::BootstrapStep::Probe { since } => {
+            let answer = crate::downstream::api_server_answers(ctx, endpoint, &target.identity)
+                .await
+                .map_err(|e| chain(&e));
+            let grace = ctx.settings.bootstrap_grace;
+            match plan::after_probe(since, Timestamp::now(), grace, &endpoint.name, answer) {
+                plan::AfterProbe::Bootstrapped => {
+                    let how = "the API server answers after an earlier Bootstrap call";
+                    bootstrapped(run, endpoint, how).await?;
+                    return Ok(ControlFlow::Continue(()));
                 }
-                // The call may have reached the machine: keep the intent.
-                Err(err) if matches!(&err, Error::Talos { source, .. } if source.kind() == ErrorKind::TimedOut) =>
-                {
-                    let message = format!(
-                        "the Bootstrap call may have reached the machine: {}",
-                        chain(&err)
-                    );
-                    run.set(
-                        Cond::Bootstrapped,
-                        ConditionStatus::Unknown,
-                        Reason::Bootstrapping,
-                        message,
-                    );
-                    run.flush().await?;
-                    return Err(err);
+                plan::AfterProbe::Wait { message } => {
+                    run.apply_sets(plan::bootstrap_pending(message));
+                    return Ok(ControlFlow::Break(Action::requeue(ctx.settings.retry)));
                 }
-                Err(err) => {
-                    run.set(
-                        Cond::Bootstrapped,
-                        ConditionStatus::False,
-                        Reason::BootstrapFailed,
-                        chain(&err),
-                    );
-                    run.flush().await?;
-                    return Err(err);
-                }
+                plan::AfterProbe::CallAgain => {}
             }
         }
     }
+    run.apply_sets([plan::bootstrap_intent(&endpoint.name)]);
+    run.flush().await?;
+    let outcome = async {
+        let client = ctx
+            .settings
+            .dialer
+            .configured(endpoint, &target.identity)
+            .await?;
+        ctx.metrics.external_call("talos", "Bootstrap");
+        client
+            .bootstrap()
+            .await
+            .map_err(Error::talos(&endpoint.name))
+    }
+    .await;
+    match outcome {
+        Ok(outcome) => {
+            info!(instance = %endpoint.name, ?outcome, "etcd bootstrapped");
+            bootstrapped(run, endpoint, "etcd bootstrapped").await?;
+            Ok(ControlFlow::Continue(()))
+        }
+        Err(err) => {
+            let unknown = matches!(&err, Error::Talos { source, .. } if source.outcome_unknown());
+            run.apply_sets([plan::bootstrap_failed(unknown, &chain(&err))]);
+            run.flush().await?;
+            Err(err)
+        }
+    }
+}
 
-    // 6. The kubeconfig, into a Secret of its own (the one `status.secretRef` names).
-    let stored_kubeconfig = match read_kubeconfig(cluster, &secrets).await? {
-        KubeconfigState::Stored(kubeconfig) => Some(kubeconfig),
-        KubeconfigState::Absent => None,
+/// The kubeconfig, into a Secret of its own (the one `status.secretRef` names), then the
+/// secrets Secret completed.
+async fn kubeconfig(
+    run: &mut Run<'_>,
+    world: &World,
+    target: &Target,
+    secrets: &StoredSecrets,
+) -> Result<Step<()>, Error> {
+    let ctx = run.ctx;
+    let cluster = run.cluster;
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &run.namespace());
+    let name = kubeconfig_secret_name(&cluster.name_any());
+    let stored = match read_kubeconfig(cluster, &api).await? {
+        KubeconfigState::Stored => true,
+        KubeconfigState::Absent => false,
         KubeconfigState::Stale => {
-            let message = format!(
-                "Secret {} belongs to an earlier cluster of the same name; waiting for the garbage collector to delete it",
-                kubeconfig_secret_name(&name)
-            );
-            run.set(
-                Cond::KubeconfigAvailable,
-                ConditionStatus::False,
-                Reason::StaleSecret,
-                message,
-            );
-            set_addons(&mut run, &addons, false);
-            return run.finish(Action::requeue(retry)).await;
+            run.apply_sets(plan::kubeconfig_stale(&name));
+            set_addons(run, &world.addons, false);
+            return Ok(ControlFlow::Break(Action::requeue(ctx.settings.retry)));
         }
     };
-    let kubeconfig_secret = kubeconfig_secret_name(&name);
-    if stored_kubeconfig.is_none() {
-        let fetched = match legacy_kubeconfig.clone() {
+    if !stored {
+        let fetched = match secrets.legacy_kubeconfig.clone() {
             Some(kubeconfig) => Ok(kubeconfig),
-            None => {
-                async {
-                    let client = ctx.settings.dialer.configured(&endpoint, &identity).await?;
-                    ctx.metrics.external_call("talos", "Kubeconfig");
-                    client
-                        .kubeconfig()
-                        .await
-                        .map(kontinuum_talos::Kubeconfig::into_bytes)
-                        .map_err(|source| Error::Talos {
-                            instance: endpoint.name.clone(),
-                            source,
-                        })
-                }
-                .await
-            }
+            None => fetch_kubeconfig(ctx, target).await,
         };
-        match fetched {
-            Ok(kubeconfig) => {
-                store_kubeconfig(cluster, &secrets, &kubeconfig).await?;
-                info!(secret = %kubeconfig_secret, "stored the kubeconfig");
-                ctx.events
-                    .normal(
-                        &cluster.object_ref(&()),
-                        Reason::KubeconfigAvailable.as_str(),
-                        "Store",
-                        format!("stored the admin kubeconfig in Secret {kubeconfig_secret}"),
-                    )
-                    .await;
-            }
+        let kubeconfig = match fetched {
+            Ok(kubeconfig) => kubeconfig,
             Err(err) => {
-                run.set(
-                    Cond::KubeconfigAvailable,
-                    ConditionStatus::False,
-                    Reason::Bootstrapping,
-                    format!("waiting for the kubeconfig: {}", chain(&err)),
-                );
-                run.set(
-                    Cond::ControlPlaneReady,
-                    ConditionStatus::False,
-                    Reason::Bootstrapping,
-                    "waiting for the kubeconfig",
-                );
-                set_addons(&mut run, &addons, false);
+                run.apply_sets(plan::kubeconfig_unfetched(&chain(&err)));
+                set_addons(run, &world.addons, false);
                 run.flush().await?;
                 return Err(err);
             }
-        }
+        };
+        store_kubeconfig(cluster, &api, &kubeconfig).await?;
+        info!(secret = %name, "stored the kubeconfig");
+        let message = format!("stored the admin kubeconfig in Secret {name}");
+        let reference = cluster.object_ref(&());
+        let reason = Reason::KubeconfigAvailable.as_str();
+        ctx.events
+            .normal(&reference, reason, "Store", message)
+            .await;
     }
+    let has_legacy = secrets.legacy_kubeconfig.is_some();
+    let cp = world.usable_control_plane();
     finish_secrets_secret(
         cluster,
-        &secrets,
-        &bundle,
-        &usable_cp,
-        has_talosconfig,
-        legacy_kubeconfig.is_some(),
+        &api,
+        &target.bundle,
+        &cp,
+        secrets.has_talosconfig,
+        has_legacy,
     )
     .await?;
-    run.status.secret_ref = Some(LocalRef {
-        name: kubeconfig_secret.clone(),
-    });
-    run.set(
-        Cond::KubeconfigAvailable,
-        ConditionStatus::True,
-        Reason::KubeconfigAvailable,
-        format!("kubeconfig stored in Secret {kubeconfig_secret} key {KUBECONFIG_KEY}"),
-    );
+    run.status.secret_ref = Some(LocalRef { name: name.clone() });
+    run.apply_sets([plan::kubeconfig_stored(&name, KUBECONFIG_KEY)]);
+    Ok(ControlFlow::Continue(()))
+}
 
-    // 7. Addons before health: nothing, CoreDNS included, runs before Cilium does.
-    let cp_ready_before = run.is_true(Cond::ControlPlaneReady);
-    let view = plan::addons_view(cluster, &addons, true, cp_ready_before);
-    seed(&run, &view.to_seed).await?;
+async fn fetch_kubeconfig(ctx: &Ctx, target: &Target) -> Result<Vec<u8>, Error> {
+    let endpoint = &target.endpoint;
+    let client = ctx
+        .settings
+        .dialer
+        .configured(endpoint, &target.identity)
+        .await?;
+    ctx.metrics.external_call("talos", "Kubeconfig");
+    client
+        .kubeconfig()
+        .await
+        .map(kontinuum_talos::Kubeconfig::into_bytes)
+        .map_err(Error::talos(&endpoint.name))
+}
 
-    // 8. ControlPlaneReady: Cilium Ready and the Talos health check passing.
-    let mut action = Action::requeue(RESYNC.min(ctx.settings.health_interval));
-    if view.cni_ready {
-        let key = object_key(cluster);
-        let due = !cp_ready_before
+/// `ControlPlaneReady`: Cilium `Ready` and the Talos health check passing (again every
+/// `--health-check-interval-seconds` once ready). Returns when to look again.
+async fn control_plane_health(
+    run: &mut Run<'_>,
+    world: &World,
+    target: &Target,
+    view: &plan::AddonsView,
+) -> Action {
+    let ctx = run.ctx;
+    let healthy_before = run.is_true(Cond::ControlPlaneReady);
+    let check = if view.cni_ready {
+        let key = object_key(run.cluster);
+        let due = !healthy_before
             || ctx.last_healthy.update(|m| {
                 m.get(&key)
                     .is_none_or(|t| t.elapsed() >= ctx.settings.health_interval)
             });
-        if due {
-            match health_check(ctx, &endpoint, &identity, &usable_cp).await {
-                Ok(()) => {
-                    ctx.last_healthy
-                        .update(|m| m.insert(key, tokio::time::Instant::now()));
-                    join_members(&mut run, &identity, &usable_cp, true).await;
-                    run.set(
-                        Cond::ControlPlaneReady,
-                        ConditionStatus::True,
-                        Reason::Healthy,
-                        "control plane is healthy",
-                    );
-                    if let Some(cp) = run.status.control_plane.as_mut() {
-                        cp.ready_replicas = cp.replicas;
-                    }
-                }
-                Err(err) => {
-                    let reason = if cp_ready_before {
-                        Reason::Unhealthy
-                    } else {
-                        Reason::Bootstrapping
-                    };
-                    let message = format!("control plane health check failed: {}", chain(&err));
-                    for m in &usable_cp {
-                        if m.joined {
-                            run.set_member(
-                                &m.name,
-                                ICond::Ready,
-                                ConditionStatus::False,
-                                IReason::Unhealthy,
-                                &message,
-                            );
-                        }
-                    }
-                    run.set(
-                        Cond::ControlPlaneReady,
-                        ConditionStatus::False,
-                        reason,
-                        message,
-                    );
-                    if let Some(cp) = run.status.control_plane.as_mut() {
-                        cp.ready_replicas = 0;
-                    }
-                    action = Action::requeue(retry);
-                }
-            }
+        if !due {
+            return Action::requeue(RESYNC.min(ctx.settings.health_interval));
         }
+        let cp = world.usable_control_plane();
+        let result = health_check(ctx, &target.endpoint, &target.identity, &cp).await;
+        if result.is_ok() {
+            ctx.last_healthy
+                .update(|m| m.insert(key, tokio::time::Instant::now()));
+            join_members(run, &target.identity, &cp, true).await;
+        }
+        plan::Health::Checked(result.map_err(|e| chain(&e)))
     } else {
-        run.set(
-            Cond::ControlPlaneReady,
-            ConditionStatus::False,
-            Reason::WaitingForCni,
-            view.cni_message.clone(),
-        );
+        plan::Health::NoCni(view.cni_message.clone())
+    };
+    let joined: Vec<&str> = world
+        .usable_control_plane()
+        .into_iter()
+        .filter(|m| m.joined)
+        .map(|m| m.name.as_str())
+        .collect();
+    let outcome = plan::control_plane_health(check, healthy_before, &joined);
+    run.apply_sets(outcome.sets);
+    for (member, set) in outcome.members {
+        run.set_member(&member, set.condition, set.status, set.reason, &set.message);
     }
+    if let (Some(ready), Some(cp)) = (outcome.ready_replicas, run.status.control_plane.as_mut()) {
+        cp.ready_replicas = if ready { cp.replicas } else { 0 };
+    }
+    if outcome.retry {
+        Action::requeue(ctx.settings.retry)
+    } else {
+        Action::requeue(RESYNC.min(ctx.settings.health_interval))
+    }
+}
 
-    // 9. Workers, once the control plane is ready.
-    if run.is_true(Cond::ControlPlaneReady) {
-        let workers: Vec<Member> = members
-            .workers
-            .iter()
-            .flat_map(|(_, ms)| ms.iter().cloned())
-            .filter(Member::usable)
-            .collect();
-        for worker in &workers {
-            if !worker.configured
-                && let Err(err) = configure(&mut run, &input, &bundle, &identity, worker).await
-            {
-                warn!(instance = %worker.name, error = &err as &dyn std::error::Error, "configuring a worker failed; retrying");
-                pending = true;
-            }
-        }
-        let worker_refs: Vec<&Member> = workers.iter().collect();
-        if !join_members(&mut run, &identity, &worker_refs, false).await {
-            pending = true;
-        }
-        // A newly ready control plane gets cert-manager now.
-        let view = plan::addons_view(cluster, &addons, true, true);
-        seed(&run, &view.to_seed).await?;
-    } else {
-        for (_, ms) in &members.workers {
+/// Workers, once the control plane is ready: configured, then joined; cert-manager is
+/// seeded. Before that, each waits (`Joined=False/WaitingForControlPlane`). Returns whether
+/// every worker is configured and joined.
+async fn workers(run: &mut Run<'_>, world: &World, target: &Target) -> Result<bool, Error> {
+    if !run.is_true(Cond::ControlPlaneReady) {
+        for (_, ms) in &world.members.workers {
             for w in ms.iter().filter(|w| !w.configured) {
-                run.set_member(
-                    &w.name,
-                    ICond::Joined,
-                    ConditionStatus::False,
-                    IReason::WaitingForControlPlane,
-                    "waiting for the control plane to be ready",
-                );
+                let set = plan::worker_waiting();
+                run.set_member(&w.name, set.condition, set.status, set.reason, &set.message);
             }
         }
+        return Ok(true);
     }
-    // 10. Scale-down: members this cluster configured that their pool has released.
-    if !reset_released(&mut run, &members, &endpoint, &identity).await {
-        pending = true;
+    let workers = world.usable_workers();
+    let mut all = true;
+    for worker in workers.iter().filter(|w| !w.configured) {
+        if let Err(err) = configure(run, target, worker).await {
+            warn!(instance = %worker.name, error = &err as &dyn std::error::Error, "configuring a worker failed; retrying");
+            all = false;
+        }
     }
-    let cp_ready = run.is_true(Cond::ControlPlaneReady);
-    set_addons(&mut run, &addons, cp_ready);
-    if pending {
-        action = Action::requeue(retry);
-    }
-    run.status.observed_generation = cluster.metadata.generation;
-    run.finish(action).await
+    let refs: Vec<&Member> = workers.iter().collect();
+    all &= join_members(run, &target.identity, &refs, false).await;
+    // A newly ready control plane gets cert-manager now.
+    let view = plan::addons_view(run.cluster, &world.addons, true, true);
+    seed(run, &view.to_seed).await?;
+    Ok(all)
 }
 
 /// Scale-down: every machine this cluster configured (`status.configuredInstances`) whose
@@ -1121,12 +1096,8 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
 /// serve another cluster. The endpoint member is never reset here. An Instance that is gone
 /// is forgotten (deleting one resets it first: the instance-reset controller). Returns
 /// whether nothing is left to do.
-async fn reset_released(
-    run: &mut Run<'_>,
-    members: &Members,
-    endpoint: &Member,
-    identity: &ClientIdentity,
-) -> bool {
+async fn reset_released(run: &mut Run<'_>, members: &Members, target: &Target) -> bool {
+    let (endpoint, identity) = (&target.endpoint, &target.identity);
     let ctx = run.ctx;
     let ns = run.cluster.namespace().unwrap_or_default();
     let api: Api<Instance> = Api::namespaced(ctx.client.clone(), &ns);
@@ -1175,21 +1146,14 @@ async fn reset_released(
 /// Records `Bootstrapped=True` at once (the cluster status first), so that a crash after
 /// this point never calls Bootstrap again, and tells a human.
 async fn bootstrapped(run: &mut Run<'_>, endpoint: &Member, how: &str) -> Result<(), Error> {
-    run.set(
-        Cond::Bootstrapped,
-        ConditionStatus::True,
-        Reason::Bootstrapped,
-        format!("{how} on {}", endpoint.name),
-    );
+    let set = plan::bootstrapped(how, &endpoint.name);
+    let (reason, message) = (set.reason.as_str(), set.message.clone());
+    run.apply_sets([set]);
     run.flush().await?;
+    let reference = run.cluster.object_ref(&());
     run.ctx
         .events
-        .normal(
-            &run.cluster.object_ref(&()),
-            Reason::Bootstrapped.as_str(),
-            "Bootstrap",
-            format!("{how} on {}", endpoint.name),
-        )
+        .normal(&reference, reason, "Bootstrap", message)
         .await;
     Ok(())
 }
@@ -1198,149 +1162,112 @@ async fn bootstrapped(run: &mut Run<'_>, endpoint: &Member, how: &str) -> Result
 /// pending.
 fn set_addons(run: &mut Run<'_>, addons: &[Arc<Addon>], control_plane_ready: bool) {
     let view = plan::addons_view(run.cluster, addons, true, control_plane_ready);
-    let (s, reason) = if view.ready {
-        (ConditionStatus::True, Reason::AddonsInstalled)
-    } else {
-        (ConditionStatus::False, Reason::AddonNotHealthy)
-    };
-    run.set(Cond::AddonsReady, s, reason, view.message);
+    run.apply_sets([plan::addons_ready(&view)]);
 }
 
 /// Applies `member`'s config in maintenance mode. If maintenance mode no longer answers,
 /// the machine may have been configured by an earlier attempt whose result was lost: a
 /// configured-mode Version with this cluster's admin identity proves it.
-async fn configure(
-    run: &mut Run<'_>,
-    input: &ClusterInput,
-    bundle: &SecretsBundle,
-    identity: &ClientIdentity,
+async fn configure(run: &mut Run<'_>, target: &Target, member: &Member) -> Result<(), Error> {
+    let result = match machines::machine_config(&target.input, &target.bundle, member) {
+        Ok(config) => apply_config(run.ctx, target, member, config).await,
+        Err(err) => Err(err),
+    };
+    if let Err(err) = result {
+        config_failed(run, member, &err).await;
+        return Err(err);
+    }
+    info!(instance = %member.name, "machine configuration applied");
+    run.apply_member(&member.name, &plan::configured());
+    if !run.status.configured_instances.contains(&member.name) {
+        run.status.configured_instances.push(member.name.clone());
+        run.status.configured_instances.sort();
+    }
+    let role = match member.role {
+        Role::ControlPlane => "control-plane",
+        Role::Worker => "worker",
+    };
+    let message = format!(
+        "applied the {role} machine configuration to {}",
+        member.name
+    );
+    let reference = run.cluster.object_ref(&());
+    let reason = IReason::ConfigApplied.as_str();
+    run.ctx
+        .events
+        .normal(&reference, reason, "Configure", message)
+        .await;
+    Ok(())
+}
+
+/// Sends `config` over the pinned maintenance connection; on failure, asks whether an
+/// earlier attempt already configured the machine.
+async fn apply_config(
+    ctx: &Ctx,
+    target: &Target,
     member: &Member,
+    config: kontinuum_talos_config::MachineConfig,
 ) -> Result<(), Error> {
-    let dialer = run.ctx.settings.dialer;
-    let config = machines::machine_config(input, bundle, member).inspect_err(|err| {
-        run.set_member(
-            &member.name,
-            ICond::Configured,
-            ConditionStatus::False,
-            IReason::ConfigRejected,
-            &chain(err),
-        );
-    })?;
-    let metrics = &run.ctx.metrics;
+    let dialer = ctx.settings.dialer;
+    let talos = |source| Error::Talos {
+        instance: member.name.clone(),
+        source,
+    };
     let applied = async {
         // Pinned: a machine config (a control plane's holds every cluster CA key) goes only
         // to the machine that was discovered; the handshake proves its key first.
         let client = dialer.maintenance_pinned(member).await?;
-        metrics.external_call("talos", "ApplyConfiguration");
+        ctx.metrics.external_call("talos", "ApplyConfiguration");
+        let bytes = config.expose().as_bytes().to_vec();
         client
-            .apply_configuration(config.expose().as_bytes().to_vec(), ApplyMode::Reboot)
+            .apply_configuration(bytes, ApplyMode::Reboot)
             .await
-            .map_err(|source| Error::Talos {
-                instance: member.name.clone(),
-                source,
-            })
+            .map_err(talos)
     }
     .await;
-    let result = match applied {
-        Ok(_) => Ok(()),
-        Err(err) => {
-            // Already ours? (an earlier apply whose status write was lost)
-            let ours = async {
-                let client = dialer.configured(member, identity).await?;
-                metrics.external_call("talos", "Version");
-                client.version().await.map_err(|source| Error::Talos {
-                    instance: member.name.clone(),
-                    source,
-                })
-            }
-            .await;
-            match ours {
-                Ok(v) if v.rbac => Ok(()),
-                _ => Err(err),
-            }
-        }
+    let Err(err) = applied else {
+        return Ok(());
     };
-    match result {
-        Ok(()) => {
-            info!(instance = %member.name, "machine configuration applied");
-            run.set_member(
-                &member.name,
-                ICond::Configured,
-                ConditionStatus::True,
-                IReason::ConfigApplied,
-                "talos machine configuration applied",
-            );
-            if !run.status.configured_instances.contains(&member.name) {
-                run.status.configured_instances.push(member.name.clone());
-                run.status.configured_instances.sort();
-            }
-            run.ctx
-                .events
-                .normal(
-                    &run.cluster.object_ref(&()),
-                    IReason::ConfigApplied.as_str(),
-                    "Configure",
-                    format!(
-                        "applied the {} machine configuration to {}",
-                        match member.role {
-                            Role::ControlPlane => "control-plane",
-                            Role::Worker => "worker",
-                        },
-                        member.name
-                    ),
-                )
-                .await;
-            Ok(())
-        }
-        Err(err) => {
-            config_failed(run, member, &err).await;
-            Err(err)
-        }
+    // Already ours? (an earlier apply whose answer or status write was lost)
+    let ours = async {
+        let client = dialer.configured(member, &target.identity).await?;
+        ctx.metrics.external_call("talos", "Version");
+        client.version().await.map_err(talos)
+    }
+    .await;
+    match ours {
+        Ok(v) if v.rbac => Ok(()),
+        _ => Err(err),
     }
 }
 
 /// Records why `member` could not be configured, with a Warning Event when another machine
 /// answers at its address (once per transition, not per retry).
 async fn config_failed(run: &mut Run<'_>, member: &Member, err: &Error) {
-    let reason = match err {
-        Error::Talos { source, .. }
-            if matches!(
-                source.kind(),
-                ErrorKind::Unreachable | ErrorKind::TimedOut | ErrorKind::Unavailable
-            ) =>
-        {
-            IReason::TalosApiUnreachable
-        }
-        _ if identity_refused(err) => IReason::IdentityChanged,
-        Error::NoIdentity { .. } => IReason::IdentityUnknown,
-        _ => IReason::ConfigRejected,
+    let kind = match err {
+        _ if machines::unreachable(err) => plan::ConfigFailure::Unreachable,
+        _ if identity_refused(err) => plan::ConfigFailure::IdentityChanged,
+        Error::NoIdentity { .. } => plan::ConfigFailure::NoIdentity,
+        _ => plan::ConfigFailure::Refused,
     };
-    if reason == IReason::IdentityChanged
-        && !member_reason_is(run, &member.name, ICond::Configured, reason)
+    let set = plan::not_configured(kind, &chain(err));
+    if set.reason == IReason::IdentityChanged
+        && !member_reason_is(run, &member.name, ICond::Configured, set.reason)
     {
+        let message = format!(
+            "not configuring {}: another machine answers at its address; nothing was sent",
+            member.name
+        );
+        let reference = run.cluster.object_ref(&());
+        let reason = set.reason.as_str();
         run.ctx
             .events
-            .warning(
-                &run.cluster.object_ref(&()),
-                reason.as_str(),
-                "Configure",
-                format!(
-                    "not configuring {}: another machine answers at its address; nothing was sent",
-                    member.name
-                ),
-            )
+            .warning(&reference, reason, "Configure", message)
             .await;
     }
-    run.set_member(
-        &member.name,
-        ICond::Configured,
-        ConditionStatus::False,
-        reason,
-        &chain(err),
-    );
+    run.apply_member(&member.name, &set);
 }
 
-/// Whether `err` is a maintenance connection the identity pin refused.
 /// Whether configuring a machine failed in a way retrying the same input cannot fix: the
 /// config could not be rendered from the spec, or the machine refused it as invalid.
 /// Kubernetes and transport failures are not (they are retried with backoff).
@@ -1352,6 +1279,7 @@ fn config_refused(err: &Error) -> bool {
     }
 }
 
+/// Whether `err` is a maintenance connection the identity pin refused.
 fn identity_refused(err: &Error) -> bool {
     matches!(err, Error::Talos { source, .. } if source.kind() == ErrorKind::IdentityMismatch)
 }
@@ -1379,10 +1307,7 @@ async fn health_check(
     client
         .health_check(ctx.settings.dialer.health_wait, &nodes, &[], |_| {})
         .await
-        .map_err(|source| Error::Talos {
-            instance: endpoint.name.clone(),
-            source,
-        })
+        .map_err(Error::talos(&endpoint.name))
 }
 
 /// Marks configured members `Joined` once they answer a configured-mode Version (and, for
@@ -1393,8 +1318,6 @@ async fn join_members(
     members: &[&Member],
     healthy_control_plane: bool,
 ) -> bool {
-    let dialer = run.ctx.settings.dialer;
-    let metrics = std::sync::Arc::clone(&run.ctx.metrics);
     let mut all = true;
     for member in members {
         let configured = member.configured
@@ -1407,61 +1330,40 @@ async fn join_members(
             continue;
         }
         if !member.joined {
-            let answered = async {
-                let client = dialer.configured(member, identity).await?;
-                metrics.external_call("talos", "Version");
-                client.version().await.map_err(|source| Error::Talos {
-                    instance: member.name.clone(),
-                    source,
-                })
+            let answer = configured_version(run.ctx, member, identity).await;
+            let answer = match &answer {
+                Ok(v) => Ok((v.rbac, v.tag.as_str())),
+                Err(err) => Err(err.as_str()),
+            };
+            let joined = matches!(answer, Ok((true, _)));
+            if let Some(set) = plan::join_answer(answer) {
+                run.apply_member(&member.name, &set);
             }
-            .await;
-            match answered {
-                Ok(v) if v.rbac => {
-                    run.set_member(
-                        &member.name,
-                        ICond::Joined,
-                        ConditionStatus::True,
-                        IReason::Joined,
-                        &format!("node answers with its configured identity, talos {}", v.tag),
-                    );
-                }
-                Ok(_) => {
-                    all = false;
-                    continue;
-                }
-                Err(err) => {
-                    run.set_member(
-                        &member.name,
-                        ICond::Joined,
-                        ConditionStatus::Unknown,
-                        IReason::TalosApiUnreachable,
-                        &chain(&err),
-                    );
-                    all = false;
-                    continue;
-                }
+            if !joined {
+                all = false;
+                continue;
             }
         }
-        if healthy_control_plane {
-            run.set_member(
-                &member.name,
-                ICond::Ready,
-                ConditionStatus::True,
-                IReason::Healthy,
-                "control plane health check passed with this node included",
-            );
-        } else if member.role == Role::Worker {
-            run.set_member(
-                &member.name,
-                ICond::Ready,
-                ConditionStatus::True,
-                IReason::Ready,
-                "configured and joined",
-            );
+        if let Some(set) = plan::member_ready(member.role, healthy_control_plane) {
+            run.apply_member(&member.name, &set);
         }
     }
     all
+}
+
+/// The configured-mode Version of `member`, as this cluster's admin.
+async fn configured_version(
+    ctx: &Ctx,
+    member: &Member,
+    identity: &ClientIdentity,
+) -> Result<kontinuum_talos::Version, String> {
+    let answered = async {
+        let client = ctx.settings.dialer.configured(member, identity).await?;
+        ctx.metrics.external_call("talos", "Version");
+        client.version().await.map_err(Error::talos(&member.name))
+    }
+    .await;
+    answered.map_err(|e| chain(&e))
 }
 
 /// Creates `object` (owned by the cluster) unless an object of its name exists; a creation
@@ -1541,290 +1443,6 @@ async fn seed(run: &Run<'_>, to_seed: &[BuiltinAddon]) -> Result<(), Error> {
         .await?;
     }
     Ok(())
-}
-
-/// Teardown: reset every member (workers first), clear its conditions, release or delete
-/// its Instance; bounded by the teardown deadline.
-#[allow(clippy::too_many_lines, reason = "the teardown reads top to bottom")]
-/// Returns `None` when teardown is finished (the finalizer may go), else when to look again.
-async fn cleanup(cluster: &TalosCluster, ctx: &Ctx) -> Result<Option<Action>, Error> {
-    let name = cluster.name_any();
-    let ns = cluster.namespace().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut run = Run::new(cluster, ctx);
-    let deleted_at = cluster
-        .metadata
-        .deletion_timestamp
-        .as_ref()
-        .map_or_else(Timestamp::now, |t| t.0);
-    let timeout = SignedDuration::try_from(ctx.settings.teardown_timeout)
-        .unwrap_or(SignedDuration::from_secs(900));
-    let deadline = deleted_at.checked_add(timeout).unwrap_or(deleted_at);
-    let expired = Timestamp::now() >= deadline;
-    let unregister = cluster
-        .spec
-        .teardown
-        .as_ref()
-        .is_some_and(|t| t.unregister_instances);
-
-    // Every member: claimed by a pool of the cluster, or configured by it earlier.
-    let instances = ctx.instances.state();
-    let members: Members = plan::members(cluster, &instances);
-    let mut order: Vec<Member> = members.teardown_order().into_iter().cloned().collect();
-    let recorded: BTreeSet<&String> = run.status.configured_instances.iter().collect();
-    for extra in recorded {
-        if order.iter().any(|m| &m.name == extra) {
-            continue;
-        }
-        if let Some(i) = instances
-            .iter()
-            .find(|i| i.namespace().as_deref() == Some(ns.as_str()) && &i.name_any() == extra)
-        {
-            let pool = i
-                .labels()
-                .get(labels::CLAIMED_BY)
-                .cloned()
-                .unwrap_or_default();
-            let mut m = Member::from_instance(i, &pool, Role::Worker);
-            m.configured = true;
-            order.push(m);
-        }
-    }
-    let secret_state = secrets
-        .get_opt(&secret_name(&name))
-        .await
-        .map_err(Error::kube(format!("read Secret {}", secret_name(&name))))?;
-    let identity = secret_state
-        .as_ref()
-        .and_then(|s| s.data.as_ref())
-        .and_then(|d| d.get(SECRETS_BUNDLE_KEY))
-        .and_then(|b| SecretsBundle::from_json(&b.0).ok())
-        .and_then(|bundle| machines::admin_identity(&bundle, &name).ok());
-
-    let mut outcomes: BTreeMap<String, MachineTeardown> = run
-        .status
-        .teardown
-        .iter()
-        .map(|t| (t.instance.clone(), t.clone()))
-        .collect();
-    let mut last_error = None;
-    let mut release_error = None;
-    let cp_total = order
-        .iter()
-        .filter(|m| m.role == Role::ControlPlane)
-        .count();
-    let mut cp_reset = 0;
-    for member in &order {
-        let done = outcomes.get(&member.name).is_some_and(|t| {
-            matches!(t.outcome, TeardownOutcome::Reset | TeardownOutcome::Skipped)
-        });
-        let outcome = if done {
-            outcomes
-                .get(&member.name)
-                .map_or(TeardownOutcome::Reset, |t| t.outcome)
-        } else if !member.configured {
-            TeardownOutcome::Skipped
-        } else if expired {
-            outcomes
-                .get(&member.name)
-                .map_or(TeardownOutcome::Unreachable, |t| t.outcome)
-        } else {
-            // The last control-plane member cannot leave etcd gracefully.
-            let graceful = member.role == Role::Worker || cp_reset + 1 < cp_total;
-            let result = match &identity {
-                None => Err((
-                    false,
-                    "the cluster's secrets bundle is gone: the machine cannot be reached as os:admin".to_owned(),
-                )),
-                Some(identity) => ctx
-                    .settings
-                    .dialer
-                    .reset(member, identity, graceful, &ctx.metrics)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| (machines::unreachable(&e), chain(&e))),
-            };
-            match result {
-                Ok(()) => TeardownOutcome::Reset,
-                Err((unreachable, message)) => {
-                    warn!(instance = %member.name, error = %message, "resetting a machine failed; retrying");
-                    last_error = Some(format!("{}: {message}", member.name));
-                    outcomes.insert(
-                        member.name.clone(),
-                        MachineTeardown {
-                            instance: member.name.clone(),
-                            outcome: if unreachable {
-                                TeardownOutcome::Unreachable
-                            } else {
-                                TeardownOutcome::Failed
-                            },
-                            message: Some(message),
-                        },
-                    );
-                    continue;
-                }
-            }
-        };
-        if member.role == Role::ControlPlane && outcome == TeardownOutcome::Reset {
-            cp_reset += 1;
-        }
-        let finished = matches!(outcome, TeardownOutcome::Reset | TeardownOutcome::Skipped);
-        if finished && !done {
-            info!(instance = %member.name, outcome = outcome.as_str(), "machine torn down");
-            let note = match outcome {
-                TeardownOutcome::Reset => format!("reset {} to maintenance mode", member.name),
-                _ => format!(
-                    "skipped {}: never configured, nothing to reset",
-                    member.name
-                ),
-            };
-            ctx.events
-                .normal(&cluster.object_ref(&()), outcome.as_str(), "Teardown", note)
-                .await;
-            outcomes.insert(
-                member.name.clone(),
-                MachineTeardown {
-                    instance: member.name.clone(),
-                    outcome,
-                    message: None,
-                },
-            );
-        }
-        if (finished || expired)
-            && let Err(err) = release(ctx, cluster, member, unregister).await
-        {
-            warn!(instance = %member.name, error = &err as &dyn std::error::Error, "releasing a torn-down instance failed; retrying");
-            release_error.get_or_insert(err);
-        }
-    }
-    let pending: Vec<&MachineTeardown> = outcomes
-        .values()
-        .filter(|t| !matches!(t.outcome, TeardownOutcome::Reset | TeardownOutcome::Skipped))
-        .filter(|t| order.iter().any(|m| m.name == t.instance))
-        .collect();
-    if let Some(err) = release_error {
-        run.status.teardown = outcomes.into_values().collect();
-        run.flush().await?;
-        return Err(err);
-    }
-    if pending.is_empty() || expired {
-        if expired && !pending.is_empty() {
-            let names: Vec<&str> = pending.iter().map(|t| t.instance.as_str()).collect();
-            let message = format!(
-                "teardown deadline {deadline} passed; removed the finalizer, leaving {} as they are",
-                names.join(", ")
-            );
-            warn!(%message, "teardown gave up");
-            ctx.events
-                .warning(
-                    &cluster.object_ref(&()),
-                    Reason::TeardownDeadlineExceeded.as_str(),
-                    "Teardown",
-                    message,
-                )
-                .await;
-        }
-        remove_secret_finalizer(&secrets, &secret_name(&name)).await?;
-        ctx.last_healthy.forget(&object_key(cluster));
-        info!("teardown finished");
-        return Ok(None);
-    }
-    let message =
-        plan::teardown_message(pending.len(), last_error.as_deref(), &deadline.to_string());
-    run.status.teardown = outcomes.into_values().collect();
-    run.set(
-        Cond::Deleting,
-        ConditionStatus::True,
-        Reason::TeardownFailed,
-        message,
-    );
-    run.flush().await?;
-    let left = deadline.duration_since(Timestamp::now()).unsigned_abs();
-    Ok(Some(Action::requeue(
-        ctx.settings.retry.min(left + Duration::from_millis(100)),
-    )))
-}
-
-/// Clears this operator's conditions on a torn-down member, then releases its claim (or
-/// deletes the Instance when the cluster unregisters its machines). A claim by a pool the
-/// cluster owns is left to that pool: it is garbage-collected with the cluster and releases
-/// its Instances itself, while releasing here would only let the dying pool claim the
-/// machine again.
-async fn release(
-    ctx: &Ctx,
-    cluster: &TalosCluster,
-    member: &Member,
-    unregister: bool,
-) -> Result<(), Error> {
-    let ns = cluster.namespace().unwrap_or_default();
-    let api: Api<Instance> = Api::namespaced(ctx.client.clone(), &ns);
-    let Some(current) = api
-        .get_opt(&member.name)
-        .await
-        .map_err(Error::kube(format!("read Instance {}", member.name)))?
-    else {
-        return Ok(());
-    };
-    let has_own = current
-        .status
-        .as_ref()
-        .is_some_and(|s| !own_conditions(&s.conditions).is_empty());
-    if has_own {
-        write_member_conditions(&api, &member.name, &[]).await?;
-    }
-    if unregister {
-        if current.metadata.deletion_timestamp.is_none() {
-            match api.delete(&member.name, &DeleteParams::default()).await {
-                Ok(_) => info!(instance = %member.name, "unregistered instance"),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(source) => {
-                    return Err(Error::Kube {
-                        what: format!("delete Instance {}", member.name),
-                        source,
-                    });
-                }
-            }
-        }
-    } else if let Some(pool) = current.labels().get(labels::CLAIMED_BY) {
-        let pools: Api<InstancePool> = Api::namespaced(ctx.client.clone(), &ns);
-        let owned = pools
-            .get_opt(pool)
-            .await
-            .map_err(Error::kube(format!("read InstancePool {pool}")))?
-            .is_some_and(|p| owned_by(&p.metadata, cluster.uid().as_deref()));
-        if owned {
-            return Ok(());
-        }
-        let fresh = api
-            .get(&member.name)
-            .await
-            .map_err(Error::kube(format!("read Instance {}", member.name)))?;
-        set_claim(
-            &api,
-            &member.name,
-            fresh.resource_version(),
-            None,
-            FIELD_MANAGER,
-        )
-        .await
-        .map_err(Error::kube(format!("release Instance {}", member.name)))?;
-    }
-    Ok(())
-}
-
-async fn remove_secret_finalizer(secrets: &Api<Secret>, name: &str) -> Result<(), Error> {
-    let Some(secret) = secrets
-        .get_opt(name)
-        .await
-        .map_err(Error::kube(format!("read Secret {name}")))?
-    else {
-        return Ok(());
-    };
-    finalizer::remove(secrets, &secret, FINALIZER)
-        .await
-        .map_err(Error::kube(format!(
-            "remove the finalizer of Secret {name}"
-        )))
 }
 
 /// Logs, counts and backs off.

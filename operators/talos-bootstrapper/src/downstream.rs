@@ -36,10 +36,10 @@ pub async fn api_server_answers(
 ) -> Result<(), Error> {
     let talos = ctx.settings.dialer.configured(endpoint, identity).await?;
     ctx.metrics.external_call("talos", "Kubeconfig");
-    let kubeconfig = talos.kubeconfig().await.map_err(|source| Error::Talos {
-        instance: endpoint.name.clone(),
-        source,
-    })?;
+    let kubeconfig = talos
+        .kubeconfig()
+        .await
+        .map_err(Error::talos(&endpoint.name))?;
     let unusable = |reason: String| {
         Error::Downstream(Box::new(DownstreamError::Kubeconfig {
             instance: endpoint.name.clone(),

@@ -28,6 +28,7 @@ pub mod downstream;
 pub mod machines;
 pub mod plan;
 pub mod reset;
+mod teardown;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -183,6 +184,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// For `map_err`: a Talos call to `instance` failed.
+    pub(crate) fn talos(instance: &str) -> impl FnOnce(kontinuum_talos::Error) -> Self {
+        let instance = instance.to_owned();
+        move |source| Self::Talos { instance, source }
+    }
+
     pub(crate) fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
         let what = what.into();
         move |source| Self::Kube { what, source }

@@ -39,10 +39,7 @@ impl Dialer {
         let host = address(member)?;
         TalosClient::connect_maintenance(&self.endpoint(host)?, self.timeouts)
             .await
-            .map_err(|source| Error::Talos {
-                instance: member.name.clone(),
-                source,
-            })
+            .map_err(Error::talos(&member.name))
     }
 
     /// A maintenance-mode connection that only the machine with the member's identity can
@@ -58,10 +55,7 @@ impl Dialer {
             })?;
         TalosClient::connect_maintenance_pinned(&self.endpoint(host)?, identity, self.timeouts)
             .await
-            .map_err(|source| Error::Talos {
-                instance: member.name.clone(),
-                source,
-            })
+            .map_err(Error::talos(&member.name))
     }
 
     /// A configured-mode connection (mTLS as `os:admin`).
@@ -73,10 +67,7 @@ impl Dialer {
         let host = address(member)?;
         TalosClient::connect(&self.endpoint(host)?, identity, self.timeouts)
             .await
-            .map_err(|source| Error::Talos {
-                instance: member.name.clone(),
-                source,
-            })
+            .map_err(Error::talos(&member.name))
     }
 }
 
@@ -107,10 +98,7 @@ impl Dialer {
             client
                 .reset(&ResetOptions::to_maintenance(graceful))
                 .await
-                .map_err(|source| Error::Talos {
-                    instance: member.name.clone(),
-                    source,
-                })
+                .map_err(Error::talos(&member.name))
         }
         .await;
         let Err(err) = attempt else {
@@ -119,10 +107,7 @@ impl Dialer {
         let maintenance = async {
             let client = self.maintenance(member).await?;
             metrics.external_call("talos", "Version");
-            client.version().await.map_err(|source| Error::Talos {
-                instance: member.name.clone(),
-                source,
-            })
+            client.version().await.map_err(Error::talos(&member.name))
         }
         .await;
         match maintenance {

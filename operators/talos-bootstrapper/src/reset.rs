@@ -14,11 +14,10 @@
 //! `--teardown-timeout-seconds`), after which the finalizer is removed anyway.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kontinuum_crds::conditions::{self, ConditionStatus};
 use kontinuum_crds::labels::CLAIMED_BY;
 use kontinuum_crds::reasons::{InstanceCondition as ICond, InstanceReason as IReason};
@@ -34,7 +33,7 @@ use kube::{Api, Resource as _, ResourceExt};
 use tracing::{info, instrument, warn};
 
 use crate::cluster::secret_name;
-use crate::plan::{Member, Role};
+use crate::plan::{Deadline, Member, Role};
 use crate::{Ctx, Error, FIELD_MANAGER, RESYNC, machines};
 
 /// The finalizer this controller owns.
@@ -100,14 +99,8 @@ pub async fn reconcile(instance: Arc<Instance>, ctx: Arc<Ctx>) -> Result<Action,
         return Ok(Action::await_change());
     };
 
-    let deleted_at = instance
-        .metadata
-        .deletion_timestamp
-        .as_ref()
-        .map_or_else(Timestamp::now, |t| t.0);
-    let timeout = SignedDuration::try_from(ctx.settings.teardown_timeout)
-        .unwrap_or(SignedDuration::from_secs(900));
-    let deadline = deleted_at.checked_add(timeout).unwrap_or(deleted_at);
+    let deleted_at = instance.metadata.deletion_timestamp.as_ref().map(|t| t.0);
+    let deadline = Deadline::of(deleted_at, Timestamp::now(), ctx.settings.teardown_timeout);
     let result = reset(&ctx, &cluster, &instance, role).await;
     match result {
         Ok(()) => {
@@ -123,7 +116,7 @@ pub async fn reconcile(instance: Arc<Instance>, ctx: Arc<Ctx>) -> Result<Action,
             set_finalizer(&api, &instance, false).await?;
             Ok(Action::await_change())
         }
-        Err(err) if Timestamp::now() >= deadline => {
+        Err(err) if deadline.passed(Timestamp::now()) => {
             let message = format!(
                 "could not reset the machine before {deadline}; removed the finalizer and left it as it is: {}",
                 chain(&err)
@@ -171,9 +164,8 @@ pub async fn reconcile(instance: Arc<Instance>, ctx: Arc<Ctx>) -> Result<Action,
             )
             .await
             .map_err(Error::kube(format!("patch the status of Instance {name}")))?;
-            let left = deadline.duration_since(Timestamp::now()).unsigned_abs();
             Ok(Action::requeue(
-                ctx.settings.retry.min(left + Duration::from_millis(100)),
+                deadline.requeue(Timestamp::now(), ctx.settings.retry),
             ))
         }
     }
@@ -220,7 +212,7 @@ async fn reset(
                 .as_ref()
                 .is_some_and(|s| conditions::is_true(&s.conditions, ICond::Configured))
         });
-    let graceful = role == Role::Worker || other_cp;
+    let graceful = crate::plan::graceful_reset(role, other_cp);
     ctx.settings
         .dialer
         .reset(&member, &identity, graceful, &ctx.metrics)

@@ -263,6 +263,21 @@ impl Error {
         self.kind().is_transient()
     }
 
+    /// Whether the call may have taken effect on the machine although it failed: its
+    /// deadline passed, or the connection broke after the request went out (the machine
+    /// may have acted and rebooted, or its answer was lost). False when nothing was sent
+    /// (connect, TLS, identity pin) or when the machine itself answered with a status: a
+    /// call that must happen exactly once is only retried blindly when this is false.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            Self::TimedOut { .. } => true,
+            Self::Rpc { kind, status, .. } => {
+                *kind == ErrorKind::TimedOut || StdError::source(&status.0).is_some()
+            }
+            _ => false,
+        }
+    }
+
     /// The gRPC status the machine answered with, if the failure was a status.
     pub fn status(&self) -> Option<&tonic::Status> {
         match self {
@@ -364,6 +379,35 @@ pub enum ProtocolError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_deadline_or_a_broken_transport_leaves_the_outcome_unknown() {
+        let answered = Error::rpc(Rpc::Bootstrap, "n", tonic::Status::unavailable("busy"));
+        assert!(!answered.outcome_unknown(), "the machine answered");
+        let broken = Error::rpc(
+            Rpc::Bootstrap,
+            "n",
+            tonic::Status::from_error(Box::new(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "reset",
+            ))),
+        );
+        assert!(broken.outcome_unknown(), "the connection broke mid-call");
+        let deadline = Error::rpc(Rpc::Bootstrap, "n", tonic::Status::deadline_exceeded("x"));
+        assert!(deadline.outcome_unknown());
+        let timed_out = Error::TimedOut {
+            rpc: Rpc::Bootstrap,
+            target: "n".into(),
+            after: Duration::from_secs(1),
+        };
+        assert!(timed_out.outcome_unknown());
+        let connect = Error::Connect {
+            endpoint: "n".into(),
+            kind: ErrorKind::Unreachable,
+            source: Box::new(io::Error::other("refused")),
+        };
+        assert!(!connect.outcome_unknown(), "nothing was sent");
+    }
 
     #[test]
     fn status_codes_map_to_kinds_and_transience() {
