@@ -2,7 +2,9 @@
 //!
 //! * `POST /machines/<address>/fault` with `{"fault":"hang","seconds":5}`, `{"fault":"refuse"}`,
 //!   `{"fault":"unavailable"}`, `{"fault":"reboot"}`, `{"fault":"replace"}` (a new maintenance
-//!   key: another machine at this address) or `{"fault":"clear"}` → `204`;
+//!   key: another machine at this address), the armed, one-shot fault points
+//!   `{"fault":"hang-after-bootstrap","seconds":60}`, `{"fault":"reboot-after-bootstrap"}`,
+//!   `{"fault":"drop-after-apply"}`, or `{"fault":"clear"}` → `204`;
 //!   `404` for an unknown machine, `400` for a bad body.
 //! * `GET /machines` → one line `<address> <port> <mode>` per machine.
 

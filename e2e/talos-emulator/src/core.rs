@@ -427,6 +427,12 @@ impl Core {
         Ok(effects)
     }
 
+    /// A reboot that keeps everything (config, mode, etcd data): only connections made
+    /// before it are stale.
+    pub fn reboot_in_place(&mut self) {
+        self.generation += 1;
+    }
+
     /// A reboot into maintenance mode: processes stop, the config stays on disk, and the
     /// machine's Node stays registered (a rebooted kubelet does not delete its Node).
     pub fn reboot_to_maintenance(&mut self) -> Effects {

@@ -76,7 +76,7 @@ pub struct Settings {
 
 /// A fault to inject into one machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(tag = "fault", rename_all = "lowercase")]
+#[serde(tag = "fault", rename_all = "kebab-case")]
 pub enum Fault {
     /// Every RPC hangs for this long (calls already running keep hanging until then).
     Hang {
@@ -92,7 +92,22 @@ pub enum Fault {
     /// Another machine now answers at this address: a new maintenance key (so a new
     /// identity), kept across restarts. Connections already open keep the old one.
     Replace,
-    /// Remove every fault.
+    /// Armed, once: the next Bootstrap is carried out (etcd bootstrapped, the control plane
+    /// starting), then its answer is held back this long: the caller's deadline passes
+    /// although the call took effect.
+    HangAfterBootstrap {
+        /// Seconds to hold the answer back.
+        seconds: u64,
+    },
+    /// Armed, once: the next Bootstrap is carried out, then the machine reboots before
+    /// answering: the call's connection is cut and every connection made before is stale.
+    /// The reboot takes no time (the control plane's start goes on, as etcd would start
+    /// again from its data directory).
+    RebootAfterBootstrap,
+    /// Armed, once: the next ApplyConfiguration is carried out (the machine configured),
+    /// then the call's connection is cut before the answer is sent.
+    DropAfterApply,
+    /// Remove every fault (also armed ones that have not fired).
     Clear,
 }
 
@@ -270,6 +285,13 @@ impl Emulator {
         })
     }
 
+    /// How many armed faults (`*-after-*`) the machine at `address` carried out, or `None`
+    /// for an unknown address: a test proves its fault point was reached.
+    pub fn fired_faults(&self, address: Ipv4Addr) -> Option<u32> {
+        find(&self.shared, &address.to_string())
+            .map(|m| m.fired_faults.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Injects a fault into the machine at `address` (IP).
     pub async fn inject(&self, address: Ipv4Addr, fault: Fault) -> Result<(), FaultError> {
         inject(&self.shared, &address.to_string(), fault).await
@@ -316,6 +338,15 @@ pub(crate) async fn inject(shared: &Shared, address: &str, fault: Fault) -> Resu
             .send_modify(|f| *f = machine::Faults::default()),
         Fault::Reboot => machine.reboot().await.map_err(FaultError::Reboot)?,
         Fault::Replace => machine.replace_identity().map_err(FaultError::Replace)?,
+        Fault::HangAfterBootstrap { seconds } => machine.faults.send_modify(|f| {
+            f.after_bootstrap = Some(machine::After::Hang(Duration::from_secs(seconds)));
+        }),
+        Fault::RebootAfterBootstrap => machine
+            .faults
+            .send_modify(|f| f.after_bootstrap = Some(machine::After::Reboot)),
+        Fault::DropAfterApply => machine
+            .faults
+            .send_modify(|f| f.after_apply = Some(machine::After::Drop)),
     }
     Ok(())
 }

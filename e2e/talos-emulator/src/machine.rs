@@ -175,6 +175,59 @@ pub(crate) struct Faults {
     pub hang_until: Option<tokio::time::Instant>,
     pub refuse: bool,
     pub unavailable: bool,
+    /// Armed: what happens after the next Bootstrap took effect, before it is answered.
+    pub after_bootstrap: Option<After>,
+    /// Armed: what happens after the next ApplyConfiguration took effect.
+    pub after_apply: Option<After>,
+}
+
+/// An armed fault point: what a call that took effect does instead of answering at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum After {
+    /// Answer this much later.
+    Hang(Duration),
+    /// Reboot (connections made before are stale), cutting this call's connection.
+    Reboot,
+    /// Cut this call's connection.
+    Drop,
+}
+
+/// Which call an armed fault point follows.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Call {
+    Bootstrap,
+    Apply,
+}
+
+/// Cuts one connection from inside a call: its reads and writes fail from then on, so the
+/// transport closes with the answer unsent.
+#[derive(Debug, Default)]
+pub(crate) struct Cut {
+    cut: std::sync::atomic::AtomicBool,
+    waker: Mutex<Option<std::task::Waker>>,
+}
+
+impl Cut {
+    pub(crate) fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        if let Some(waker) = lock(&self.waker).take() {
+            waker.wake();
+        }
+    }
+
+    /// `Some(error)` once cut; else remembers the waker, so a cut wakes the connection.
+    fn check(&self, cx: &Context<'_>) -> Option<std::io::Error> {
+        if !self.cut.load(Ordering::SeqCst) {
+            *lock(&self.waker) = Some(cx.waker().clone());
+            if !self.cut.load(Ordering::SeqCst) {
+                return None;
+            }
+        }
+        Some(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection cut by an injected fault",
+        ))
+    }
 }
 
 pub(crate) struct Inner {
@@ -249,6 +302,8 @@ pub struct Machine {
     pub(crate) apply_calls: std::sync::atomic::AtomicU32,
     /// Configs refused as invalid (`InvalidArgument`: nothing applied), for tests.
     pub(crate) rejected_configs: std::sync::atomic::AtomicU32,
+    /// Armed faults carried out, for tests.
+    pub(crate) fired_faults: std::sync::atomic::AtomicU32,
 }
 
 /// Written at Bootstrap, removed by a wipe: etcd has data, and the API server's port, so a
@@ -356,6 +411,7 @@ impl Machine {
             shared,
             bootstrap_calls: std::sync::atomic::AtomicU32::new(0),
             apply_calls: std::sync::atomic::AtomicU32::new(0),
+            fired_faults: std::sync::atomic::AtomicU32::new(0),
             rejected_configs: std::sync::atomic::AtomicU32::new(0),
         })
     }
@@ -408,6 +464,7 @@ impl Machine {
         let info = ConnInfo {
             generation,
             roles: Arc::new(Vec::new()),
+            cut: Arc::new(Cut::default()),
         };
         let Some(config) = inner.core.active_config().cloned() else {
             if let Some(tls) = &inner.maintenance_tls {
@@ -461,6 +518,39 @@ impl Machine {
                 _ => return Ok(()),
             }
         }
+    }
+
+    /// After a call that took effect: the fault point armed for it, if any (fired once).
+    /// Returns when the call may be answered; a cut connection's call never is.
+    pub(crate) async fn after(&self, call: Call, connection: &ConnInfo) {
+        let mut armed = None;
+        self.faults.send_if_modified(|f| {
+            let slot = match call {
+                Call::Bootstrap => &mut f.after_bootstrap,
+                Call::Apply => &mut f.after_apply,
+            };
+            armed = slot.take();
+            armed.is_some()
+        });
+        let Some(after) = armed else {
+            return;
+        };
+        self.fired_faults.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(instance = %self.facts.address, ?call, ?after, "armed fault point reached");
+        match after {
+            After::Hang(d) => {
+                tokio::time::sleep(d).await;
+                return;
+            }
+            After::Reboot => {
+                self.lock().core.reboot_in_place();
+                connection.cut.cut();
+            }
+            After::Drop => connection.cut.cut(),
+        }
+        // The transport is closing: the caller never gets an answer. Bounded, so a call whose
+        // connection somehow lives on still ends.
+        tokio::time::sleep(Duration::from_secs(60)).await;
     }
 
     /// ApplyConfiguration: validate, persist, switch to configured mode; a worker of a
@@ -876,6 +966,8 @@ async fn leave_cluster(cluster: &Cluster, hostname: &str) {
 pub(crate) struct ConnInfo {
     pub generation: u64,
     pub roles: Arc<Vec<Role>>,
+    /// Cuts this connection (armed fault points).
+    pub cut: Arc<Cut>,
 }
 
 /// A TLS connection handed to tonic, carrying its [`ConnInfo`].
@@ -897,6 +989,9 @@ impl AsyncRead for TlsIo {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if let Some(err) = self.info.cut.check(cx) {
+            return Poll::Ready(Err(err));
+        }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
@@ -907,6 +1002,9 @@ impl AsyncWrite for TlsIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if let Some(err) = self.info.cut.check(cx) {
+            return Poll::Ready(Err(err));
+        }
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

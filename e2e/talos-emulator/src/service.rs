@@ -29,7 +29,7 @@ use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
 use crate::core::{self, Access, Mode, Refusal, resources};
-use crate::machine::{Cluster, ConnInfo, Machine, internal};
+use crate::machine::{Call, Cluster, ConnInfo, Machine, internal};
 use crate::pki;
 
 /// Talos version the emulator claims to be.
@@ -46,10 +46,7 @@ impl Api {
     /// Faults, then the connection's generation, then authorization.
     async fn admit<T>(&self, request: &Request<T>, access: Access) -> Result<Mode, Status> {
         self.machine.endure_faults().await?;
-        let info = request
-            .extensions()
-            .get::<ConnInfo>()
-            .ok_or_else(|| Status::internal("connection info missing"))?;
+        let info = connection(request)?;
         let inner = self.machine.lock();
         if info.generation != inner.core.generation {
             return Err(Status::unavailable(
@@ -60,6 +57,15 @@ impl Api {
         core::authorize(mode, &info.roles, access).map_err(Refusal::into_status)?;
         Ok(mode)
     }
+}
+
+/// The connection a request came on.
+fn connection<T>(request: &Request<T>) -> Result<ConnInfo, Status> {
+    request
+        .extensions()
+        .get::<ConnInfo>()
+        .cloned()
+        .ok_or_else(|| Status::internal("connection info missing"))
 }
 
 #[tonic::async_trait]
@@ -95,6 +101,7 @@ impl MachineService for Api {
             .apply_calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.admit(&request, Access::Apply).await?;
+        let connection = connection(&request)?;
         let request = request.into_inner();
         if request.dry_run {
             return Err(Status::unimplemented("dry run is not emulated"));
@@ -104,6 +111,7 @@ impl MachineService for Api {
         tokio::task::spawn_blocking(move || machine.apply(&data))
             .await
             .map_err(|_| Status::internal("apply task failed"))??;
+        self.machine.after(Call::Apply, &connection).await;
         Ok(Response::new(ApplyConfigurationResponse {
             messages: vec![ApplyConfiguration {
                 metadata: None,
@@ -120,7 +128,9 @@ impl MachineService for Api {
         request: Request<BootstrapRequest>,
     ) -> Result<Response<BootstrapResponse>, Status> {
         self.admit(&request, Access::Admin).await?;
+        let connection = connection(&request)?;
         self.machine.bootstrap()?;
+        self.machine.after(Call::Bootstrap, &connection).await;
         Ok(Response::new(BootstrapResponse {
             messages: vec![Bootstrap { metadata: None }],
         }))

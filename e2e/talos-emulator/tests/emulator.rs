@@ -413,6 +413,15 @@ async fn bad_input_refusals_faults_and_restart() {
     }
     assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
     emulator.inject(ip(cp), Fault::Unavailable).await.unwrap();
+    // The armed fault points by their HTTP names; `clear` disarms them too.
+    for armed in [
+        r#"{"fault":"hang-after-bootstrap","seconds":5}"#,
+        r#"{"fault":"reboot-after-bootstrap"}"#,
+        r#"{"fault":"drop-after-apply"}"#,
+    ] {
+        let answer = http(control, "POST", &path, armed).await;
+        assert!(answer.starts_with("HTTP/1.1 204"), "{armed}: {answer}");
+    }
     let answer = http(control, "POST", &path, r#"{"fault":"clear"}"#).await;
     assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
     emulator.inject(ip(cp), Fault::Unavailable).await.unwrap();

@@ -821,3 +821,97 @@ async fn a_role_without_secret_create_is_forbidden_then_heals_when_the_role_is_f
     .await
     .unwrap();
 }
+
+/// How many rounds each exactly-once fault point is driven: `KONTINUUM_FAULT_ROUNDS`
+/// (default 1; `make test` runs one, the 10-in-a-row figure of issue 13 ran 10).
+fn fault_rounds() -> u8 {
+    std::env::var("KONTINUUM_FAULT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Drives one armed fault point of the emulator through a cluster's configuration and
+/// Bootstrap, each round on a fresh namespace, emulator (its own address) and operators: the
+/// cluster gets its kubeconfig, the fault point was reached, and the machine saw exactly
+/// one ApplyConfiguration and one Bootstrap (its own counters), with one secrets bundle.
+#[allow(
+    clippy::print_stderr,
+    reason = "the rounds passed are the test's report"
+)]
+async fn exactly_once_through(prefix: &str, net: u8, fault: Fault) {
+    let rounds = fault_rounds();
+    for round in 0..rounds {
+        let first = Ipv4Addr::new(127, net, round, 1);
+        let (client, shared, ns, emu, _) = rig(&format!("{prefix}-{round}"), first, 1).await;
+        create_instance(&client, &ns, "cp-1", first, "cp")
+            .await
+            .unwrap();
+        let args = ["--talos-rpc-timeout-seconds", "3"];
+        let (operators, _) = start_operators(&client, shared, &ns, bin(), &args)
+            .await
+            .unwrap();
+        emu.inject(first, fault).await.unwrap();
+        create_cluster(&client, &ns, "eu-once", 1, 0, false)
+            .await
+            .unwrap();
+        wait_cluster(
+            &client,
+            &ns,
+            "eu-once",
+            "KubeconfigAvailable",
+            "True",
+            LIMIT,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            emu.fired_faults(first),
+            Some(1),
+            "the fault point was reached"
+        );
+        assert_eq!(emu.apply_calls(first), Some(1), "one ApplyConfiguration");
+        assert_eq!(emu.bootstrap_calls(first), Some(1), "one Bootstrap");
+        let bundles = Api::<Secret>::namespaced(client.clone(), &ns)
+            .list(
+                &ListParams::default().labels("app.kubernetes.io/component=talos-cluster-secrets"),
+            )
+            .await
+            .unwrap()
+            .items;
+        assert_eq!(bundles.len(), 1, "one secrets bundle");
+        let (_, reason, _) = cluster_condition(&client, &ns, "eu-once", "Bootstrapped")
+            .await
+            .unwrap();
+        assert_eq!(reason, "Bootstrapped");
+        drop(operators);
+        emu.shutdown().await;
+        eprintln!("{prefix}: round {} of {rounds} passed", round + 1);
+    }
+}
+
+/// Bootstrap takes effect but its answer comes after the caller's deadline: the intent
+/// recorded before the call makes the next reconcile ask the API server instead of calling
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_answered_too_late_is_not_called_again() {
+    let _heavy = HEAVY.lock().await;
+    exactly_once_through("tb-late", 80, Fault::HangAfterBootstrap { seconds: 60 }).await;
+}
+
+/// Bootstrap takes effect and the machine reboots before answering (the connection cut): a
+/// broken transport leaves the outcome unknown, so the intent stays and nothing is called
+/// twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reboot_right_after_bootstrap_is_not_a_failed_bootstrap() {
+    let _heavy = HEAVY.lock().await;
+    exactly_once_through("tb-reboot", 81, Fault::RebootAfterBootstrap).await;
+}
+
+/// The config is applied and the connection drops before the answer: the machine is found
+/// configured with this cluster's identity, not sent its config again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_whose_answer_is_lost_is_not_sent_again() {
+    let _heavy = HEAVY.lock().await;
+    exactly_once_through("tb-drop", 82, Fault::DropAfterApply).await;
+}
