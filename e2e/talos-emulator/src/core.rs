@@ -415,8 +415,9 @@ impl Core {
         let control_plane = config.machine_type.is_control_plane();
         let effects = Effects {
             stop_control_plane: control_plane,
-            leave_cluster: (!control_plane)
-                .then(|| (config.cluster_id.clone(), self.hostname(facts))),
+            // A control plane that bootstrapped stops its cluster; any other leaves the
+            // cluster it joined.
+            leave_cluster: Some((config.cluster_id.clone(), self.hostname(facts))),
             wipe_config: true,
             forget_identity: plan.full_wipe,
         };

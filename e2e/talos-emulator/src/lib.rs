@@ -9,7 +9,8 @@
 //!   `kontinuum_talos_config::parse_machine_config` for what the emulator needs.
 //! * Configured mode: mTLS against the OS CA of the applied config (`os:admin`, EKU exactly
 //!   clientAuth); Bootstrap starts a REAL control plane from the test bed on the machine's
-//!   address; Kubeconfig, HealthCheck, Reset; workers join the cluster of the same id.
+//!   address; Kubeconfig, HealthCheck (over the nodes the request lists: etcd members,
+//!   Nodes), Reset; workers and further control planes join the cluster of the same id.
 //! * Each machine of a cluster is a **hostlet** node by default ([`nodes`]): named after its
 //!   hostname, InternalIP its address, pods of our image (`kontinuum:<any tag>`, binaries
 //!   found next to the emulator's executable) run as real processes, others are pretended

@@ -92,10 +92,34 @@ impl Shared {
 
     /// Whether the machine at `address` is a configured worker of the cluster `cluster_id`
     /// named `hostname`.
-    fn is_worker_of(&self, cluster_id: Option<&String>, address: Ipv4Addr, hostname: &str) -> bool {
-        self.workers_of(cluster_id)
+    fn is_joiner_of(&self, cluster_id: Option<&String>, address: Ipv4Addr, hostname: &str) -> bool {
+        self.joiners_of(cluster_id)
             .iter()
             .any(|(a, h)| *a == address && h == hostname)
+    }
+
+    /// The configured machines of a cluster that join the bootstrapped one: its workers and
+    /// its other control planes (etcd members that joined the first), by address and
+    /// hostname.
+    fn joiners_of(&self, cluster_id: Option<&String>) -> Vec<(Ipv4Addr, String)> {
+        self.members_of(cluster_id)
+            .into_iter()
+            .filter(|(m, _)| lock(&m.cluster).is_none())
+            .map(|(m, hostname)| (m.facts.address, hostname))
+            .collect()
+    }
+
+    /// Every configured machine with this cluster id, with its hostname.
+    fn members_of(&self, cluster_id: Option<&String>) -> Vec<(&Arc<Machine>, String)> {
+        self.machines
+            .iter()
+            .filter_map(|m| {
+                let inner = m.lock();
+                let config = inner.core.active_config()?;
+                (config.cluster_id.as_ref() == cluster_id)
+                    .then(|| (m, inner.core.hostname(&m.facts)))
+            })
+            .collect()
     }
 
     fn tools(&self) -> Result<Tools, kontinuum_testbed::Error> {
@@ -148,20 +172,6 @@ impl Shared {
                 .then(|| config.os_ca.key_pem.clone())
                 .flatten()
         })
-    }
-
-    /// Hostnames of the configured workers of a cluster.
-    fn workers_of(&self, cluster_id: Option<&String>) -> Vec<(Ipv4Addr, String)> {
-        self.machines
-            .iter()
-            .filter_map(|m| {
-                let inner = m.lock();
-                let config = inner.core.active_config()?;
-                (!config.machine_type.is_control_plane()
-                    && config.cluster_id.as_ref() == cluster_id)
-                    .then(|| (m.facts.address, inner.core.hostname(&m.facts)))
-            })
-            .collect()
     }
 }
 
@@ -253,9 +263,10 @@ pub(crate) struct Cluster {
     start: Mutex<Option<JoinHandle<()>>>,
     /// What runs its machines' Nodes.
     agent: Agent,
-    /// The hostlets of the workers that joined, by node name. The lock also orders joins and
-    /// leaves, so that a worker that left is never joined again by a late join.
-    workers: tokio::sync::Mutex<BTreeMap<String, Hostlet>>,
+    /// The machines that joined (workers, and the other control planes as etcd members), by
+    /// node name, with their hostlet (`None`: a KWOK node). The lock also orders joins and
+    /// leaves, so that a machine that left is never joined again by a late join.
+    joined: tokio::sync::Mutex<BTreeMap<String, Option<Hostlet>>>,
 }
 
 impl Cluster {
@@ -275,8 +286,8 @@ impl Cluster {
             start.abort();
             let _ = start.await;
         }
-        let workers = std::mem::take(&mut *self.workers.lock().await);
-        for (_, hostlet) in workers {
+        let joined = std::mem::take(&mut *self.joined.lock().await);
+        for hostlet in joined.into_values().flatten() {
             hostlet.stop().await;
         }
         let phase = std::mem::replace(&mut *self.phase.lock().await, Phase::Stopped);
@@ -568,7 +579,6 @@ impl Machine {
                 return Err(refusal.into_status());
             }
         };
-        let worker = !parsed.machine_type.is_control_plane();
         let cluster_id = parsed.cluster_id.clone();
         {
             let mut inner = self.lock();
@@ -583,11 +593,11 @@ impl Machine {
             inner.core.apply(parsed).map_err(Refusal::into_status)?;
         }
         tracing::info!(instance = %self.facts.address, "applied machine config");
-        if worker && let Some(cluster) = shared.cluster(cluster_id.as_ref()) {
+        if let Some(cluster) = shared.cluster(cluster_id.as_ref()) {
             let hostname = self.lock().core.hostname(&self.facts);
             let address = self.facts.address;
             let weak = Arc::downgrade(&shared);
-            tokio::spawn(async move { join_worker(&cluster, &weak, address, &hostname).await });
+            tokio::spawn(async move { join(&cluster, &weak, address, &hostname).await });
         }
         Ok(())
     }
@@ -676,7 +686,7 @@ impl Machine {
             phase: tokio::sync::Mutex::new(Phase::Starting),
             start: Mutex::new(None),
             agent,
-            workers: tokio::sync::Mutex::new(BTreeMap::new()),
+            joined: tokio::sync::Mutex::new(BTreeMap::new()),
         });
         let cp_config = ControlPlaneConfig {
             dir: self.dir.join("control-plane"),
@@ -749,23 +759,49 @@ impl Machine {
         lock(&self.cluster).clone()
     }
 
-    /// The nodes a health check waits for: this control plane and its cluster's workers.
-    pub(crate) fn cluster_nodes(&self) -> Vec<(Ipv4Addr, String)> {
-        let (cluster_id, hostname) = {
-            let inner = self.lock();
-            (
-                inner
-                    .core
-                    .active_config()
-                    .and_then(|c| c.cluster_id.clone()),
-                inner.core.hostname(&self.facts),
-            )
+    /// The running cluster this machine belongs to: its own, or the one it joined.
+    pub(crate) fn member_of(&self) -> Option<Arc<Cluster>> {
+        self.own_cluster().or_else(|| {
+            let id = self.lock().core.active_config()?.cluster_id.clone();
+            self.shared()?.cluster(id.as_ref())
+        })
+    }
+
+    /// The machines of this machine's cluster as a health check sees them now: every
+    /// configured machine with its cluster id, whether it joined (the one that
+    /// bootstrapped, or one in its cluster's joined set) and whether it answers.
+    pub(crate) async fn members(&self) -> Vec<Member> {
+        let cluster_id = self
+            .lock()
+            .core
+            .active_config()
+            .and_then(|c| c.cluster_id.clone());
+        let Some(shared) = self.shared() else {
+            return Vec::new();
         };
-        let mut nodes = vec![(self.facts.address, hostname)];
-        if let Some(shared) = self.shared() {
-            nodes.extend(shared.workers_of(cluster_id.as_ref()));
-        }
-        nodes
+        let joined: Vec<String> = match shared.cluster(cluster_id.as_ref()) {
+            Some(cluster) => cluster.joined.lock().await.keys().cloned().collect(),
+            None => Vec::new(),
+        };
+        shared
+            .members_of(cluster_id.as_ref())
+            .into_iter()
+            .map(|(m, hostname)| {
+                let faults = m.faults.borrow().clone();
+                let hung = faults
+                    .hang_until
+                    .is_some_and(|t| t > tokio::time::Instant::now());
+                Member {
+                    address: m.facts.address,
+                    control_plane: m
+                        .active_config()
+                        .is_some_and(|c| c.machine_type.is_control_plane()),
+                    joined: lock(&m.cluster).is_some() || joined.contains(&hostname),
+                    answering: !(faults.refuse || faults.unavailable || hung),
+                    hostname,
+                }
+            })
+            .collect()
     }
 
     /// Stops this machine's control plane, if any (emulator shutdown).
@@ -831,12 +867,14 @@ async fn run_cluster(
         }
     }
     drop(phase);
-    let workers = shared
+    // Machines configured before etcd was bootstrapped (the other control planes) join
+    // now, as Talos' wait for etcd to be bootstrapped elsewhere and then join it.
+    let joiners = shared
         .upgrade()
-        .map(|s| s.workers_of(cluster.id.as_ref()))
+        .map(|s| s.joiners_of(cluster.id.as_ref()))
         .unwrap_or_default();
-    for (address, hostname) in workers {
-        join_worker(&cluster, &shared, address, &hostname).await;
+    for (address, hostname) in joiners {
+        join(&cluster, &shared, address, &hostname).await;
     }
 }
 
@@ -859,21 +897,21 @@ fn hostlet_config(
 /// server (a KWOK Node if hostlets are off or its hostlet does not come up). A no-op while
 /// the control plane is starting (its start joins the workers), for a node already there,
 /// and for a worker that has left since.
-async fn join_worker(cluster: &Cluster, shared: &Weak<Shared>, address: Ipv4Addr, hostname: &str) {
+async fn join(cluster: &Cluster, shared: &Weak<Shared>, address: Ipv4Addr, hostname: &str) {
     let Ok(client) = cluster.client().await else {
         return; // joined when the control plane is up
     };
-    let mut workers = cluster.workers.lock().await;
+    let mut joined = cluster.joined.lock().await;
     let Some(shared) = shared.upgrade() else {
         return;
     };
-    if workers.contains_key(hostname)
-        || !shared.is_worker_of(cluster.id.as_ref(), address, hostname)
+    if joined.contains_key(hostname) || !shared.is_joiner_of(cluster.id.as_ref(), address, hostname)
     {
         return;
     }
     let Agent::Hostlet { binary, image_map } = &cluster.agent else {
         create_kwok_node(&client, hostname).await;
+        joined.insert(hostname.to_owned(), None);
         return;
     };
     let config = hostlet_config(
@@ -890,16 +928,17 @@ async fn join_worker(cluster: &Cluster, shared: &Weak<Shared>, address: Ipv4Addr
     };
     match Hostlet::start(&config, &cluster_dir, &kubeconfig, &client).await {
         Ok(hostlet) => {
-            tracing::info!(node = hostname, "worker joined");
-            workers.insert(hostname.to_owned(), hostlet);
+            tracing::info!(node = hostname, "joined the cluster");
+            joined.insert(hostname.to_owned(), Some(hostlet));
         }
         Err(err) => {
             tracing::warn!(
                 node = hostname,
                 error = &err as &dyn std::error::Error,
-                "the worker's hostlet node did not come up; joining as a kwok node"
+                "the hostlet node did not come up; joining as a kwok node"
             );
             create_kwok_node(&client, hostname).await;
+            joined.insert(hostname.to_owned(), None);
         }
     }
 }
@@ -940,8 +979,8 @@ async fn create_kwok_node(client: &kube::Client, hostname: &str) {
 
 /// A worker leaves its cluster: its hostlet stops (its pods with it), then its Node goes.
 async fn leave_cluster(cluster: &Cluster, hostname: &str) {
-    let mut workers = cluster.workers.lock().await;
-    if let Some(hostlet) = workers.remove(hostname) {
+    let mut joined = cluster.joined.lock().await;
+    if let Some(hostlet) = joined.remove(hostname).flatten() {
         hostlet.stop().await;
     }
     let Ok(client) = cluster.client().await else {
@@ -951,7 +990,7 @@ async fn leave_cluster(cluster: &Cluster, hostname: &str) {
         .delete(hostname, &DeleteParams::default())
         .await
     {
-        Ok(_) => tracing::info!(node = hostname, "worker left"),
+        Ok(_) => tracing::info!(node = hostname, "left the cluster"),
         Err(kube::Error::Api(status)) if status.code == 404 => {}
         Err(err) => tracing::warn!(
             node = hostname,
@@ -959,6 +998,18 @@ async fn leave_cluster(cluster: &Cluster, hostname: &str) {
             "removing node failed"
         ),
     }
+}
+
+/// A machine of a cluster as the health check sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Member {
+    pub address: Ipv4Addr,
+    pub hostname: String,
+    pub control_plane: bool,
+    /// Bootstrapped the cluster, or joined it (an etcd member for a control plane).
+    pub joined: bool,
+    /// Its Talos API and services answer (no `refuse`, `unavailable` or `hang` fault).
+    pub answering: bool,
 }
 
 /// What a connection may do: the generation it was accepted in and its client roles.

@@ -2,6 +2,7 @@
 //! `cosi.resource.State` and `storage.StorageService`. Every call first endures injected
 //! faults, then is authorized against the machine's mode and the connection's roles.
 
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ use tonic::codegen::BoxStream;
 use tonic::{Request, Response, Status};
 
 use crate::core::{self, Access, Mode, Refusal, resources};
-use crate::machine::{Call, Cluster, ConnInfo, Machine, internal};
+use crate::machine::{Call, ConnInfo, Machine, Member, internal};
 use crate::pki;
 
 /// Talos version the emulator claims to be.
@@ -235,13 +236,13 @@ impl ClusterService for Api {
         if wait.is_zero() {
             return Err(Status::deadline_exceeded("context deadline exceeded"));
         }
-        let nodes = self.machine.cluster_nodes();
-        let cluster = self.machine.own_cluster();
+        let expected = Expected::from_request(request.get_ref());
+        let machine = Arc::clone(&self.machine);
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         tokio::spawn(async move {
             let deadline = tokio::time::Instant::now() + wait;
             let result =
-                tokio::time::timeout_at(deadline, run_health_check(cluster, &nodes, &tx)).await;
+                tokio::time::timeout_at(deadline, run_health_check(&machine, &expected, &tx)).await;
             let end = match result {
                 Ok(Ok(())) => return,
                 Ok(Err(status)) => status,
@@ -264,18 +265,60 @@ async fn say(tx: &Progress, message: String) -> Result<(), Status> {
     .map_err(|_| Status::cancelled("client went away"))
 }
 
+/// The nodes a health check is about: the request's `cluster_info` lists when it has any
+/// (as Talos uses them), else every configured machine of the cluster.
+struct Expected {
+    /// `None`: not given, discovered at each check.
+    given: Option<(Vec<Ipv4Addr>, Vec<Ipv4Addr>)>,
+}
+
+impl Expected {
+    fn from_request(request: &HealthCheckRequest) -> Self {
+        let parse = |list: &[String]| -> Vec<Ipv4Addr> {
+            list.iter().filter_map(|a| a.parse().ok()).collect()
+        };
+        let given = request
+            .cluster_info
+            .as_ref()
+            .filter(|i| !i.control_plane_nodes.is_empty() || !i.worker_nodes.is_empty())
+            .map(|i| (parse(&i.control_plane_nodes), parse(&i.worker_nodes)));
+        Self { given }
+    }
+
+    /// The control-plane and worker addresses to check, given the cluster's members now.
+    fn nodes(&self, members: &[Member]) -> (Vec<Ipv4Addr>, Vec<Ipv4Addr>) {
+        if let Some(given) = &self.given {
+            return given.clone();
+        }
+        let of = |cp: bool| {
+            members
+                .iter()
+                .filter(|m| m.control_plane == cp)
+                .map(|m| m.address)
+                .collect()
+        };
+        (of(true), of(false))
+    }
+}
+
 /// Reports `waiting for <check>: <status>` whenever a check's status changes, until every
 /// check passes. The caller bounds it with the request's wait_timeout.
 async fn run_health_check(
-    cluster: Option<Arc<Cluster>>,
-    nodes: &[(std::net::Ipv4Addr, String)],
+    machine: &Machine,
+    expected: &Expected,
     tx: &Progress,
 ) -> Result<(), Status> {
-    let ips: Vec<String> = nodes.iter().map(|(ip, _)| ip.to_string()).collect();
+    let members = machine.members().await;
+    let (cps, workers) = expected.nodes(&members);
+    let ips: Vec<String> = cps
+        .iter()
+        .chain(&workers)
+        .map(ToString::to_string)
+        .collect();
     say(tx, format!("discovered nodes: {ips:?}")).await?;
     let mut last: Vec<(&str, String)> = Vec::new();
     loop {
-        let statuses = check_once(cluster.as_deref(), nodes).await;
+        let statuses = check_once(machine, expected).await;
         let all_ok = statuses.iter().all(|(_, s)| s == "OK");
         for (check, status) in &statuses {
             let seen = last.iter().any(|(c, s)| c == check && s == status);
@@ -291,11 +334,53 @@ async fn run_health_check(
     }
 }
 
-async fn check_once(
-    cluster: Option<&Cluster>,
-    nodes: &[(std::net::Ipv4Addr, String)],
-) -> Vec<(&'static str, String)> {
-    let client = match cluster {
+fn ok_or(problems: &[String]) -> String {
+    if problems.is_empty() {
+        "OK".to_owned()
+    } else {
+        problems.join("; ")
+    }
+}
+
+/// etcd as Talos checks it: every listed control plane is an etcd member that answers, and
+/// the members are exactly the listed control planes.
+fn etcd_checks(members: &[Member], cps: &[Ipv4Addr]) -> [(&'static str, String); 2] {
+    let mut problems = Vec::new();
+    for ip in cps {
+        match members.iter().find(|m| m.address == *ip && m.control_plane) {
+            None => problems.push(format!("{ip} is not a control plane of this cluster")),
+            Some(m) if !m.joined => problems.push(format!(
+                "etcd member {} ({ip}) has not joined yet",
+                m.hostname
+            )),
+            Some(m) if !m.answering => problems.push(format!(
+                "etcd member {} ({ip}) is not healthy: the machine does not answer",
+                m.hostname
+            )),
+            Some(_) => {}
+        }
+    }
+    let mut joined: Vec<Ipv4Addr> = members
+        .iter()
+        .filter(|m| m.control_plane && m.joined)
+        .map(|m| m.address)
+        .collect();
+    joined.sort();
+    let mut listed = cps.to_vec();
+    listed.sort();
+    let consistent = if joined == listed {
+        "OK".to_owned()
+    } else {
+        format!("etcd members {joined:?} are not the control plane nodes {listed:?}")
+    };
+    [
+        ("etcd to be healthy", ok_or(&problems)),
+        ("etcd members to be control plane nodes", consistent),
+    ]
+}
+
+async fn check_once(machine: &Machine, expected: &Expected) -> Vec<(&'static str, String)> {
+    let client = match machine.member_of() {
         None => Err("etcd is not bootstrapped".to_owned()),
         Some(c) => c.client().await,
     };
@@ -305,11 +390,14 @@ async fn check_once(
             return vec![
                 ("etcd to be healthy", e.clone()),
                 ("kube-apiserver to report ready", e.clone()),
+                ("all k8s nodes to report", e.clone()),
                 ("all k8s nodes to report ready", e),
             ];
         }
     };
-    let mut out = vec![("etcd to be healthy", "OK".to_owned())];
+    let members = machine.members().await;
+    let (cps, workers) = expected.nodes(&members);
+    let mut out = etcd_checks(&members, &cps).to_vec();
     let ready = client
         .request_text(
             http::Request::get("/readyz")
@@ -325,23 +413,65 @@ async fn check_once(
             Err(e) => e.to_string(),
         },
     ));
-    let api: KubeApi<Node> = KubeApi::all(client);
-    let mut missing = Vec::new();
-    for (_, name) in nodes {
-        match api.get_opt(name).await {
-            Ok(Some(node)) if kontinuum_testbed::node_is_ready(&node) => {}
-            Ok(_) | Err(_) => missing.push(name.clone()),
-        }
-    }
-    out.push((
-        "all k8s nodes to report ready",
-        if missing.is_empty() {
-            "OK".to_owned()
-        } else {
-            format!("some nodes are not ready: {missing:?}")
-        },
-    ));
+    let wanted: Vec<String> = cps
+        .iter()
+        .chain(&workers)
+        .map(|ip| {
+            members
+                .iter()
+                .find(|m| m.address == *ip)
+                .map_or_else(|| ip.to_string(), |m| m.hostname.clone())
+        })
+        .collect();
+    out.extend(node_checks(client, &wanted).await);
     out
+}
+
+/// `all k8s nodes to report` (exactly the listed nodes, none missing, none unexpected) and
+/// `all k8s nodes to report ready`.
+async fn node_checks(client: kube::Client, wanted: &[String]) -> [(&'static str, String); 2] {
+    let api: KubeApi<Node> = KubeApi::all(client);
+    let nodes = match api.list(&kube::api::ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(e) => {
+            let e = e.to_string();
+            return [
+                ("all k8s nodes to report", e.clone()),
+                ("all k8s nodes to report ready", e),
+            ];
+        }
+    };
+    let names: Vec<String> = nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
+    let missing: Vec<&String> = wanted.iter().filter(|w| !names.contains(w)).collect();
+    let unexpected: Vec<&String> = names.iter().filter(|n| !wanted.contains(n)).collect();
+    let mut problems = Vec::new();
+    if !missing.is_empty() {
+        problems.push(format!("some nodes are missing: {missing:?}"));
+    }
+    if !unexpected.is_empty() {
+        problems.push(format!("unexpected nodes: {unexpected:?}"));
+    }
+    let not_ready: Vec<&String> = nodes
+        .iter()
+        .filter(|n| !kontinuum_testbed::node_is_ready(n))
+        .filter_map(|n| n.metadata.name.as_ref())
+        .filter(|n| wanted.contains(n))
+        .collect();
+    let ready = if not_ready.is_empty() && missing.is_empty() {
+        "OK".to_owned()
+    } else {
+        format!(
+            "some nodes are not ready: {:?}",
+            [missing, not_ready].concat()
+        )
+    };
+    [
+        ("all k8s nodes to report", ok_or(&problems)),
+        ("all k8s nodes to report ready", ready),
+    ]
 }
 
 /// A COSI resource as Talos serves it: both `proto_spec` and `yaml_spec` filled.

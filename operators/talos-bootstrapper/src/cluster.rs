@@ -1030,13 +1030,13 @@ async fn control_plane_health(
             return Action::requeue(RESYNC.min(ctx.settings.health_interval));
         }
         let cp = world.usable_control_plane();
-        let result = health_check(ctx, &target.endpoint, &target.identity, &cp).await;
+        let result = health_check(ctx, target, &cp, &world.usable_workers()).await;
         if result.is_ok() {
             ctx.last_healthy
                 .update(|m| m.insert(key, tokio::time::Instant::now()));
             join_members(run, &target.identity, &cp, true).await;
         }
-        plan::Health::Checked(result.map_err(|e| chain(&e)))
+        plan::Health::Checked(result)
     } else {
         plan::Health::NoCni(view.cni_message.clone())
     };
@@ -1292,22 +1292,36 @@ fn member_reason_is(run: &Run<'_>, name: &str, c: ICond, reason: IReason) -> boo
         .any(|x| x.type_ == c.as_str() && x.reason == reason.as_str())
 }
 
+/// The Talos cluster health check through the endpoint, over the usable control planes
+/// and the joined workers (Talos checks exactly the nodes it is given). A failure names
+/// what the check was still waiting for, from its progress messages.
 async fn health_check(
     ctx: &Ctx,
-    endpoint: &Member,
-    identity: &ClientIdentity,
+    target: &Target,
     control_plane: &[&Member],
-) -> Result<(), Error> {
-    let client = ctx.settings.dialer.configured(endpoint, identity).await?;
-    let nodes: Vec<String> = control_plane
-        .iter()
-        .filter_map(|m| m.address.clone())
-        .collect();
-    ctx.metrics.external_call("talos", "HealthCheck");
-    client
-        .health_check(ctx.settings.dialer.health_wait, &nodes, &[], |_| {})
-        .await
-        .map_err(Error::talos(&endpoint.name))
+    workers: &[Member],
+) -> Result<(), String> {
+    let addresses = |ms: &mut dyn Iterator<Item = &Member>| -> Vec<String> {
+        ms.filter_map(|m| m.address.clone()).collect()
+    };
+    let nodes = addresses(&mut control_plane.iter().copied());
+    let workers = addresses(&mut workers.iter().filter(|w| w.joined));
+    let mut progress = Vec::new();
+    let checked = async {
+        let client = ctx
+            .settings
+            .dialer
+            .configured(&target.endpoint, &target.identity)
+            .await?;
+        ctx.metrics.external_call("talos", "HealthCheck");
+        let wait = ctx.settings.dialer.health_wait;
+        client
+            .health_check(wait, &nodes, &workers, |m| progress.push(m.to_owned()))
+            .await
+            .map_err(Error::talos(&target.endpoint.name))
+    }
+    .await;
+    checked.map_err(|err| plan::health_failure(&progress, &chain(&err)))
 }
 
 /// Marks configured members `Joined` once they answer a configured-mode Version (and, for

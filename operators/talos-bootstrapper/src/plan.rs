@@ -781,6 +781,35 @@ pub fn control_plane_health(
     }
 }
 
+/// Pure: why a health check failed, from its progress messages (`waiting for <check>:
+/// <status>`, the latest status of each check counting) and the call's `error`: the checks
+/// that were not `OK` (nor `SKIP`, nor not yet evaluated), then the error.
+pub fn health_failure(progress: &[String], error: &str) -> String {
+    let mut latest: Vec<(&str, &str)> = Vec::new();
+    for message in progress {
+        let Some((check, status)) = message
+            .strip_prefix("waiting for ")
+            .and_then(|m| m.split_once(": "))
+        else {
+            continue;
+        };
+        match latest.iter_mut().find(|(c, _)| *c == check) {
+            Some(entry) => entry.1 = status,
+            None => latest.push((check, status)),
+        }
+    }
+    let waiting: Vec<String> = latest
+        .iter()
+        .filter(|(_, s)| !matches!(*s, "OK" | "SKIP" | "..."))
+        .map(|(c, s)| format!("{c}: {s}"))
+        .collect();
+    if waiting.is_empty() {
+        error.to_owned()
+    } else {
+        format!("waiting for {} ({error})", waiting.join("; "))
+    }
+}
+
 /// Pure: `AddonsReady` from the Addon aggregation.
 pub fn addons_ready(view: &AddonsView) -> ClusterSet {
     if view.ready {
@@ -1102,6 +1131,31 @@ mod tests {
         let kept = bootstrap_failed(true, "reset");
         let status = vec![cond(kept.condition, kept.status, kept.reason, t0)];
         assert_eq!(bootstrap_step(&status), BootstrapStep::Probe { since: t0 });
+    }
+
+    #[test]
+    fn a_failed_health_check_names_what_it_waited_for() {
+        let progress: Vec<String> = [
+            "discovered nodes: [\"10.0.0.1\", \"10.0.0.2\"]",
+            "waiting for etcd to be healthy: ...",
+            "waiting for etcd to be healthy: etcd member cp-2 (10.0.0.2) is not healthy",
+            "waiting for kube-apiserver to report ready: OK",
+            "waiting for all k8s nodes to report ready: some nodes are not ready: [\"w-1\"]",
+            "waiting for all k8s nodes to report ready: OK",
+            "waiting for coredns to report ready: SKIP",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        assert_eq!(
+            health_failure(&progress, "deadline exceeded"),
+            "waiting for etcd to be healthy: etcd member cp-2 (10.0.0.2) is not healthy (deadline exceeded)"
+        );
+        assert_eq!(health_failure(&[], "refused"), "refused");
+        assert_eq!(
+            health_failure(&progress[3..], "x"),
+            "x",
+            "only OK and SKIP left"
+        );
     }
 
     #[test]

@@ -915,3 +915,84 @@ async fn an_apply_whose_answer_is_lost_is_not_sent_again() {
     let _heavy = HEAVY.lock().await;
     exactly_once_through("tb-drop", 82, Fault::DropAfterApply).await;
 }
+
+/// Three control planes and two workers: the other control planes join the first's etcd
+/// (Bootstrap only on the first), every machine is a Node, and the health check covers them
+/// all; a control plane that stops answering turns `ControlPlaneReady` False with its name,
+/// and True again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_control_planes_and_two_workers_reach_ready_and_a_lost_member_is_named() {
+    let _heavy = HEAVY.lock().await;
+    let first = Ipv4Addr::new(127, 83, 0, 1);
+    let (client, shared, ns, emu, _) = rig("tb-ha", first, 5).await;
+    let machines = [
+        ("cp-1", "cp"),
+        ("cp-2", "cp"),
+        ("cp-3", "cp"),
+        ("w-1", "worker"),
+        ("w-2", "worker"),
+    ];
+    for (i, (name, role)) in (1u8..).zip(machines) {
+        create_instance(&client, &ns, name, addr(first, i), role)
+            .await
+            .unwrap();
+    }
+    let args = [
+        "--health-check-interval-seconds",
+        "1",
+        "--health-check-timeout-seconds",
+        "5",
+    ];
+    let (_operators, _) = start_operators(&client, shared, &ns, bin(), &args)
+        .await
+        .unwrap();
+    let _addons = AddonsReady::start(client.clone(), ns.clone());
+    create_cluster(&client, &ns, "eu-ha", 3, 2, false)
+        .await
+        .unwrap();
+    wait_cluster(&client, &ns, "eu-ha", "Ready", "True", LIMIT * 2)
+        .await
+        .unwrap();
+    eventually(LIMIT, "all five machines are ready Nodes", || async {
+        let mut nodes = downstream_nodes(&client, &ns, "eu-ha").await;
+        nodes.sort();
+        Ok(nodes
+            == machines
+                .iter()
+                .map(|(n, _)| ((*n).to_owned(), true))
+                .collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    let bootstraps: Vec<Option<u32>> = (1..=3)
+        .map(|i| emu.bootstrap_calls(addr(first, i)))
+        .collect();
+    assert_eq!(
+        bootstraps,
+        [Some(1), Some(0), Some(0)],
+        "Bootstrap on the first only"
+    );
+
+    // cp-2 stops answering: its etcd member is unhealthy, and the condition says which.
+    let cp2 = addr(first, 2);
+    emu.inject(cp2, Fault::Refuse).await.unwrap();
+    eventually(LIMIT, "ControlPlaneReady=False naming cp-2", || async {
+        Ok(
+            cluster_condition(&client, &ns, "eu-ha", "ControlPlaneReady")
+                .await
+                .is_some_and(|(s, reason, message)| {
+                    s == "False" && reason == "Unhealthy" && message.contains("etcd member cp-2")
+                }),
+        )
+    })
+    .await
+    .unwrap();
+    emu.inject(cp2, Fault::Clear).await.unwrap();
+    wait_cluster(&client, &ns, "eu-ha", "ControlPlaneReady", "True", LIMIT)
+        .await
+        .unwrap();
+    wait_cluster(&client, &ns, "eu-ha", "Ready", "True", LIMIT)
+        .await
+        .unwrap();
+    emu.shutdown().await;
+}

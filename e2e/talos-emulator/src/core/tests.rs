@@ -300,10 +300,14 @@ fn lifecycle_of_a_control_plane() {
         effects,
         Effects {
             stop_control_plane: true,
-            leave_cluster: None,
+            leave_cluster: effects.leave_cluster.clone(),
             wipe_config: true,
             forget_identity: false,
         }
+    );
+    assert!(
+        effects.leave_cluster.is_some(),
+        "a control plane that joined another's etcd leaves that cluster"
     );
     assert_eq!((core.mode, core.generation), (Mode::Maintenance, 2));
     assert!(core.config.is_none() && !core.bootstrapped);
