@@ -225,14 +225,46 @@ async fn floor(address: Ipv4Addr, hostname: &str) -> anyhow::Result<(Vec<Duratio
     Ok((marks, total))
 }
 
+/// What one operator run saw, for the reaction times: the wall-clock times (Unix ms, every
+/// field) of the
+/// events that enable a step, from the benchmark's watches.
+#[derive(Clone, Debug, Default)]
+struct Enablers {
+    /// The later of the bundle's Secret appearing and the Instance being claimed.
+    configure: u64,
+    /// The Cilium Addon seen `Ready`.
+    cilium_ready: u64,
+    /// The TalosCluster seen `Ready`.
+    ready: u64,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// One watched change of an operator run.
+enum Change {
+    Secret,
+    Claimed,
+    CiliumReady,
+    Cluster(Box<TalosCluster>),
+}
+
 /// One operator run: TalosCluster creation → Ready, with the first time each condition was
-/// seen True (from a watch).
+/// seen True (from a watch), and the enabling events' wall-clock times.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one watch loop over four streams, then the marks"
+)]
 async fn operator_run(
     client: &Client,
     ns: &str,
     name: &str,
+    instance: &str,
     limit: Duration,
-) -> anyhow::Result<(Vec<Duration>, Duration)> {
+) -> anyhow::Result<(Vec<Duration>, Duration, Enablers)> {
     let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), ns);
     let selector = format!("metadata.name={name}");
     // The bundle has a Secret of its own (status names only the kubeconfig's): its first
@@ -246,14 +278,45 @@ async fn operator_run(
         watcher::Config::default().fields(&format!("metadata.name={bundle_secret}")),
     )
     .applied_objects()
-    .map(|r| r.map(|_| None));
+    .map(|r| r.map(|_| Some(Change::Secret)))
+    .boxed();
+    let claimed = watcher(
+        Api::<Instance>::namespaced(client.clone(), ns),
+        watcher::Config::default().fields(&format!("metadata.name={instance}")),
+    )
+    .applied_objects()
+    .map(|r| {
+        r.map(|i| {
+            i.labels()
+                .contains_key(kontinuum_crds::labels::CLAIMED_BY)
+                .then_some(Change::Claimed)
+        })
+    })
+    .boxed();
+    let cilium = kontinuum_crds::names::builtin_addon_name(name, "cilium")?;
+    let cilium_ready = watcher(
+        Api::<kontinuum_crds::v1alpha2::Addon>::namespaced(client.clone(), ns),
+        watcher::Config::default().fields(&format!("metadata.name={cilium}")),
+    )
+    .applied_objects()
+    .map(|r| {
+        r.map(|a| {
+            a.status
+                .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"))
+                .then_some(Change::CiliumReady)
+        })
+    })
+    .boxed();
     let cluster_changes = watcher(
         clusters.clone(),
         watcher::Config::default().fields(&selector),
     )
     .applied_objects()
-    .map(|r| r.map(Some));
-    let mut stream = std::pin::pin!(futures::stream::select(bundle_stored, cluster_changes));
+    .map(|r| r.map(|c| Some(Change::Cluster(Box::new(c)))))
+    .boxed();
+    let mut stream =
+        futures::stream::select_all([bundle_stored, claimed, cilium_ready, cluster_changes]);
+    let mut walls: BTreeMap<&str, u64> = BTreeMap::new();
     let started = Instant::now();
     create_cluster(client, ns, name, 1, 0, false).await?;
     let mut seen: BTreeMap<&str, Duration> = BTreeMap::new();
@@ -272,10 +335,34 @@ async fn operator_run(
             bail!("the watch ended");
         };
         let at = started.elapsed();
-        let Some(cluster) = change else {
-            seen.entry("secret").or_insert(at);
-            continue;
+        let wall = unix_ms();
+        let cluster = match change {
+            None => continue,
+            Some(Change::Secret) => {
+                seen.entry("secret").or_insert(at);
+                walls.entry("secret").or_insert(wall);
+                continue;
+            }
+            Some(Change::Claimed) => {
+                walls.entry("claimed").or_insert(wall);
+                continue;
+            }
+            Some(Change::CiliumReady) => {
+                walls.entry("cilium").or_insert(wall);
+                continue;
+            }
+            Some(Change::Cluster(cluster)) => cluster,
         };
+        if conditions::is_true(
+            &cluster
+                .status
+                .as_ref()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default(),
+            "Ready",
+        ) {
+            walls.entry("ready").or_insert(wall);
+        }
         let status = cluster.status.unwrap_or_default();
         if !status.configured_instances.is_empty() {
             seen.entry("configured").or_insert(at);
@@ -298,7 +385,97 @@ async fn operator_run(
         seen.get("KubeconfigAvailable").copied().unwrap_or_default(),
         seen.get("ControlPlaneReady").copied().unwrap_or_default(),
     ];
-    Ok((marks, total))
+    let wall = |k| walls.get(k).copied().unwrap_or_default();
+    let enablers = Enablers {
+        configure: wall("secret").max(wall("claimed")),
+        cilium_ready: wall("cilium"),
+        ready: wall("ready"),
+    };
+    Ok((marks, total, enablers))
+}
+
+/// A call the emulator recorded (`GET /machines/<ip>/calls`).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Call {
+    rpc: String,
+    started_ms: u64,
+    ended_ms: Option<u64>,
+    ok: Option<bool>,
+}
+
+/// The calls the emulator recorded for the machine at `address`, over its control interface.
+async fn emulator_calls(
+    control: std::net::SocketAddr,
+    address: Ipv4Addr,
+) -> anyhow::Result<Vec<Call>> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(control).await?;
+    let request = format!(
+        "GET /machines/{address}/calls HTTP/1.1\r\nHost: {control}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer))
+        .await
+        .context("the emulator's control interface did not answer")??;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .context("no HTTP body from the control interface")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!("GET calls: {head}");
+    }
+    Ok(serde_json::from_str(body.trim())?)
+}
+
+/// One run's operator reaction per step (from the event that enables the step to the
+/// step's call arriving at the machine) and the step's own duration, in ms.
+#[derive(Clone, Debug, Default)]
+struct Reactions {
+    /// (reaction, step duration) per [`REACTION_STEPS`] entry; `None` when not found.
+    steps: Vec<Option<(u64, u64)>>,
+}
+
+const REACTION_STEPS: [(&str, &str); 5] = [
+    (
+        "ApplyConfiguration",
+        "bundle stored and Instance claimed → ApplyConfiguration",
+    ),
+    ("Bootstrap", "ApplyConfiguration answered → Bootstrap"),
+    ("Kubeconfig", "Bootstrap answered → Kubeconfig"),
+    ("HealthCheck", "Cilium Addon `Ready` → HealthCheck"),
+    ("Ready", "HealthCheck passed → TalosCluster `Ready`"),
+];
+
+fn reactions(calls: &[Call], enablers: &Enablers) -> Reactions {
+    let first_after = |rpc: &str, after: u64| {
+        calls
+            .iter()
+            .find(|c| c.rpc == rpc && c.started_ms >= after)
+            .map(|c| (c.started_ms, c.ended_ms.unwrap_or(c.started_ms)))
+    };
+    let span = |enabled: u64, call: Option<(u64, u64)>| {
+        call.map(|(start, end)| (start.saturating_sub(enabled), end.saturating_sub(start)))
+    };
+    let apply = first_after("ApplyConfiguration", 0);
+    let apply_end = apply.map_or(0, |(_, e)| e);
+    let bootstrap = first_after("Bootstrap", apply_end);
+    let bootstrap_end = bootstrap.map_or(0, |(_, e)| e);
+    let kubeconfig = first_after("Kubeconfig", bootstrap_end);
+    let health = first_after("HealthCheck", enablers.cilium_ready);
+    let passed = calls
+        .iter()
+        .filter(|c| c.rpc == "HealthCheck" && c.ok == Some(true))
+        .find_map(|c| c.ended_ms);
+    Reactions {
+        steps: vec![
+            span(enablers.configure, apply),
+            span(apply_end, bootstrap),
+            span(bootstrap_end, kubeconfig),
+            span(enablers.cilium_ready, health),
+            passed.map(|p| (enablers.ready.saturating_sub(p), 0)),
+        ],
+    }
 }
 
 /// Runs the benchmark and returns the rendered report.
@@ -338,6 +515,7 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
 
     let mut floor_runs = Vec::new();
     let mut operator_runs = Vec::new();
+    let mut reaction_runs = Vec::new();
     for run in 0..runs {
         let floor_address = addresses[2 * run];
         say(&format!("run {run}: floor on {floor_address}"));
@@ -366,7 +544,16 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
             .context("discovery timed out")??;
         say(&format!("run {run}: operators on {address}"));
         let cluster = format!("bench-{run}");
-        operator_runs.push(operator_run(&client, &ns, &cluster, limit).await?);
+        let (marks, total, enablers) =
+            operator_run(&client, &ns, &cluster, &instance_name, limit).await?;
+        operator_runs.push((marks, total));
+        let control = emulator
+            .control
+            .context("the emulator printed no control address")?;
+        reaction_runs.push(reactions(
+            &emulator_calls(control, address).await?,
+            &enablers,
+        ));
         // Teardown (not measured): the machine back to maintenance, the Instance released,
         // then removed so the next run's pool claims only its own machine.
         let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
@@ -431,12 +618,56 @@ pub async fn run(args: Args) -> anyhow::Result<String> {
             .table(table)
             .table(each),
     );
+    report.push(reaction_section(&reaction_runs));
     for mut op in operators {
         let _ = op.kill().await;
     }
     emulator.stop(Duration::from_secs(30)).await?;
     hub.stop().await;
     report.write_to(&args.out)
+}
+
+/// The operator's reaction per step beside the step's duration, p50 and p99 over the runs.
+fn reaction_section(runs: &[Reactions]) -> Section {
+    let mut table = Table::new(&[
+        "step (enabling event → the step's call arrives)",
+        "reaction p50",
+        "reaction p99",
+        "step duration p50 (the call)",
+        "runs",
+    ]);
+    for (i, (rpc, what)) in REACTION_STEPS.iter().enumerate() {
+        let found: Vec<(u64, u64)> = runs
+            .iter()
+            .filter_map(|r| r.steps.get(i).copied().flatten())
+            .collect();
+        let reaction: Vec<Duration> = found
+            .iter()
+            .map(|(r, _)| Duration::from_millis(*r))
+            .collect();
+        let took: Vec<Duration> = found
+            .iter()
+            .map(|(_, d)| Duration::from_millis(*d))
+            .collect();
+        let r = summarize(&reaction);
+        let duration = if *rpc == "Ready" {
+            "—".to_owned()
+        } else {
+            fmt_duration(summarize(&took).p50)
+        };
+        table.row(vec![
+            (*what).to_owned(),
+            fmt_duration(r.p50),
+            fmt_duration(r.p99),
+            duration,
+            found.len().to_string(),
+        ]);
+    }
+    Section::new("Operator reaction per step")
+        .text(
+            "How long the operators take to start a step once the event that enables it              happened, beside how long the step itself took: the step's start and end are              the emulator's record of the call arriving and being answered (`GET              /machines/<ip>/calls`); the enabling events are the benchmark's watch              timestamps (the bundle's Secret, the Instance's claim label, the Cilium Addon's              `Ready`, which the benchmark sets the moment the Addon appears) or the previous              call's answer. Millisecond wall clocks of one machine. The configuration step's              reaction includes rendering the machine config, the pinned TLS handshake and the              status write recording the claim; Bootstrap's includes the status write that              records the intent; `Ready`'s the status write after the check.",
+        )
+        .table(table)
 }
 
 /// `a − b`, signed: `+1.20 s`, `−35.0 ms`.

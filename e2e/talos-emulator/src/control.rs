@@ -7,6 +7,9 @@
 //!   `{"fault":"drop-after-apply"}`, or `{"fault":"clear"}` → `204`;
 //!   `404` for an unknown machine, `400` for a bad body.
 //! * `GET /machines` → one line `<address> <port> <mode>` per machine.
+//! * `GET /machines/<address>/calls` → the machine's recent ApplyConfiguration, Bootstrap,
+//!   Kubeconfig and HealthCheck calls as a JSON array of [`CallRecord`](crate::CallRecord)
+//!   (arrival and end in Unix milliseconds), oldest first; `404` for an unknown machine.
 
 use std::fmt::Write as _;
 use std::sync::Weak;
@@ -25,6 +28,7 @@ pub(crate) async fn serve(listener: TcpListener, shared: Weak<Shared>) {
     let app = Router::new()
         .route("/machines", get(list))
         .route("/machines/{address}/fault", post(fault))
+        .route("/machines/{address}/calls", get(calls))
         .with_state(shared);
     if let Err(err) = axum::serve(listener, app).await {
         tracing::warn!(
@@ -48,6 +52,22 @@ async fn list(State(shared): State<Weak<Shared>>) -> (StatusCode, String) {
         let _ = writeln!(out, "{} {} {mode}", addr.ip(), addr.port());
     }
     (StatusCode::OK, out)
+}
+
+async fn calls(
+    State(shared): State<Weak<Shared>>,
+    Path(address): Path<String>,
+) -> (StatusCode, String) {
+    let Some(shared) = shared.upgrade() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, String::new());
+    };
+    match crate::find(&shared, &address) {
+        Some(machine) => (
+            StatusCode::OK,
+            serde_json::to_string(&machine.calls()).unwrap_or_default(),
+        ),
+        None => (StatusCode::NOT_FOUND, format!("no machine at {address}\n")),
+    }
 }
 
 async fn fault(

@@ -44,6 +44,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 pub use crate::core::Mode;
 pub use crate::error::Error;
+pub use crate::machine::CallRecord;
 pub use crate::nodes::{NodeAgent, NodeSettings};
 pub use crate::service::TALOS_TAG;
 
@@ -293,6 +294,12 @@ impl Emulator {
             .map(|m| m.fired_faults.load(std::sync::atomic::Ordering::Relaxed))
     }
 
+    /// The recent calls of the machine at `address` (see [`CallRecord`]), or `None` for an
+    /// unknown address.
+    pub fn calls(&self, address: Ipv4Addr) -> Option<Vec<CallRecord>> {
+        find(&self.shared, &address.to_string()).map(|m| m.calls())
+    }
+
     /// Injects a fault into the machine at `address` (IP).
     pub async fn inject(&self, address: Ipv4Addr, fault: Fault) -> Result<(), FaultError> {
         inject(&self.shared, &address.to_string(), fault).await
@@ -317,7 +324,7 @@ impl Drop for Emulator {
     }
 }
 
-fn find<'a>(shared: &'a Shared, address: &str) -> Option<&'a Arc<Machine>> {
+pub(crate) fn find<'a>(shared: &'a Shared, address: &str) -> Option<&'a Arc<Machine>> {
     shared
         .machines
         .iter()

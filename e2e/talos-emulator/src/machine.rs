@@ -315,6 +315,63 @@ pub struct Machine {
     pub(crate) rejected_configs: std::sync::atomic::AtomicU32,
     /// Armed faults carried out, for tests.
     pub(crate) fired_faults: std::sync::atomic::AtomicU32,
+    /// The last [`CALLS_KEPT`] calls of the RPCs that change a machine, for tests and
+    /// benchmarks.
+    calls: Mutex<std::collections::VecDeque<CallRecord>>,
+}
+
+/// How many calls a machine remembers.
+const CALLS_KEPT: usize = 1000;
+
+/// One call a machine received: its RPC, when it arrived (before faults and
+/// authorization) and when it ended (answered, refused, or abandoned by the caller), in Unix
+/// milliseconds, and whether it succeeded. For a HealthCheck, the end is the end of its
+/// stream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallRecord {
+    /// `ApplyConfiguration`, `Bootstrap`, `Kubeconfig` or `HealthCheck`.
+    pub rpc: String,
+    /// Arrival, Unix milliseconds.
+    pub started_ms: u64,
+    /// End, Unix milliseconds (`None` while running).
+    pub ended_ms: Option<u64>,
+    /// Whether it succeeded (`None` while running).
+    pub ok: Option<bool>,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Records a call's end when dropped: ok once [`CallGuard::succeeded`] was called.
+pub(crate) struct CallGuard {
+    machine: Arc<Machine>,
+    started_ms: u64,
+    rpc: &'static str,
+    ok: bool,
+}
+
+impl CallGuard {
+    pub(crate) fn succeeded(&mut self) {
+        self.ok = true;
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        let mut calls = lock(&self.machine.calls);
+        if let Some(call) = calls
+            .iter_mut()
+            .rev()
+            .find(|c| c.rpc == self.rpc && c.started_ms == self.started_ms && c.ended_ms.is_none())
+        {
+            call.ended_ms = Some(unix_ms());
+            call.ok = Some(self.ok);
+        }
+    }
 }
 
 /// Written at Bootstrap, removed by a wipe: etcd has data, and the API server's port, so a
@@ -424,6 +481,7 @@ impl Machine {
             apply_calls: std::sync::atomic::AtomicU32::new(0),
             fired_faults: std::sync::atomic::AtomicU32::new(0),
             rejected_configs: std::sync::atomic::AtomicU32::new(0),
+            calls: Mutex::new(std::collections::VecDeque::new()),
         })
     }
 
@@ -529,6 +587,32 @@ impl Machine {
                 _ => return Ok(()),
             }
         }
+    }
+
+    /// Records the arrival of an `rpc` call; its end is recorded when the guard drops.
+    pub(crate) fn call(self: &Arc<Self>, rpc: &'static str) -> CallGuard {
+        let started_ms = unix_ms();
+        let mut calls = lock(&self.calls);
+        if calls.len() == CALLS_KEPT {
+            calls.pop_front();
+        }
+        calls.push_back(CallRecord {
+            rpc: rpc.to_owned(),
+            started_ms,
+            ended_ms: None,
+            ok: None,
+        });
+        CallGuard {
+            machine: Arc::clone(self),
+            started_ms,
+            rpc,
+            ok: false,
+        }
+    }
+
+    /// The calls remembered, oldest first.
+    pub(crate) fn calls(&self) -> Vec<CallRecord> {
+        lock(&self.calls).iter().cloned().collect()
     }
 
     /// After a call that took effect: the fault point armed for it, if any (fired once).

@@ -98,6 +98,7 @@ impl MachineService for Api {
         &self,
         request: Request<ApplyConfigurationRequest>,
     ) -> Result<Response<ApplyConfigurationResponse>, Status> {
+        let mut call = self.machine.call("ApplyConfiguration");
         self.machine
             .apply_calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -113,6 +114,7 @@ impl MachineService for Api {
             .await
             .map_err(|_| Status::internal("apply task failed"))??;
         self.machine.after(Call::Apply, &connection).await;
+        call.succeeded();
         Ok(Response::new(ApplyConfigurationResponse {
             messages: vec![ApplyConfiguration {
                 metadata: None,
@@ -128,16 +130,19 @@ impl MachineService for Api {
         &self,
         request: Request<BootstrapRequest>,
     ) -> Result<Response<BootstrapResponse>, Status> {
+        let mut call = self.machine.call("Bootstrap");
         self.admit(&request, Access::Admin).await?;
         let connection = connection(&request)?;
         self.machine.bootstrap()?;
         self.machine.after(Call::Bootstrap, &connection).await;
+        call.succeeded();
         Ok(Response::new(BootstrapResponse {
             messages: vec![Bootstrap { metadata: None }],
         }))
     }
 
     async fn kubeconfig(&self, request: Request<()>) -> Result<Response<BoxStream<Data>>, Status> {
+        let mut call = self.machine.call("Kubeconfig");
         self.admit(&request, Access::Admin).await?;
         let config = self
             .machine
@@ -167,6 +172,7 @@ impl MachineService for Api {
             metadata: None,
             bytes: archive,
         };
+        call.succeeded();
         Ok(Response::new(Box::pin(tokio_stream::iter([Ok(chunk)]))))
     }
 
@@ -218,6 +224,7 @@ impl ClusterService for Api {
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<BoxStream<HealthCheckProgress>>, Status> {
+        let mut call = self.machine.call("HealthCheck");
         let mode = self.admit(&request, Access::Read).await?;
         let config = self.machine.active_config();
         let Some(config) =
@@ -244,7 +251,10 @@ impl ClusterService for Api {
             let result =
                 tokio::time::timeout_at(deadline, run_health_check(&machine, &expected, &tx)).await;
             let end = match result {
-                Ok(Ok(())) => return,
+                Ok(Ok(())) => {
+                    call.succeeded();
+                    return;
+                }
                 Ok(Err(status)) => status,
                 Err(_) => Status::deadline_exceeded("context deadline exceeded"),
             };

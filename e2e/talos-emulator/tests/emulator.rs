@@ -424,6 +424,32 @@ async fn bad_input_refusals_faults_and_restart() {
     }
     let answer = http(control, "POST", &path, r#"{"fault":"clear"}"#).await;
     assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+    // The calls the machine received, with their outcome: its config applied, every
+    // Bootstrap refused (the first) or abandoned under the hang.
+    let calls = emulator.calls(ip(cp)).unwrap();
+    let outcome = |rpc: &str| -> Vec<Option<bool>> {
+        calls
+            .iter()
+            .filter(|c| c.rpc == rpc)
+            .map(|c| c.ok)
+            .collect()
+    };
+    assert_eq!(outcome("ApplyConfiguration"), [Some(true)], "{calls:?}");
+    let bootstraps = outcome("Bootstrap");
+    assert!(
+        bootstraps.len() >= 2 && bootstraps.iter().all(|ok| *ok != Some(true)),
+        "{calls:?}"
+    );
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.ended_ms.is_none_or(|e| e >= c.started_ms))
+    );
+    let listed = http(control, "GET", &format!("/machines/{}/calls", cp.ip()), "").await;
+    assert!(
+        listed.starts_with("HTTP/1.1 200") && listed.contains(r#""rpc":"Bootstrap""#),
+        "{listed}"
+    );
     emulator.inject(ip(cp), Fault::Unavailable).await.unwrap();
     assert_eq!(
         admin.version().await.unwrap_err().kind(),

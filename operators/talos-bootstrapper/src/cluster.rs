@@ -699,9 +699,10 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
         run.is_true(Cond::ControlPlaneReady),
     );
     seed(&run, &view.to_seed).await?;
+    // Released machines go first: the health check expects exactly the members' Nodes.
+    pending |= !reset_released(&mut run, &world.members, &target).await;
     let mut action = control_plane_health(&mut run, &world, &target, &view).await;
     pending |= !workers(&mut run, &world, &target).await?;
-    pending |= !reset_released(&mut run, &world.members, &target).await;
     let cp_ready = run.is_true(Cond::ControlPlaneReady);
     set_addons(&mut run, &world.addons, cp_ready);
     if pending {
