@@ -665,7 +665,18 @@ fn reaction_section(runs: &[Reactions]) -> Section {
     }
     Section::new("Operator reaction per step")
         .text(
-            "How long the operators take to start a step once the event that enables it              happened, beside how long the step itself took: the step's start and end are              the emulator's record of the call arriving and being answered (`GET              /machines/<ip>/calls`); the enabling events are the benchmark's watch              timestamps (the bundle's Secret, the Instance's claim label, the Cilium Addon's              `Ready`, which the benchmark sets the moment the Addon appears) or the previous              call's answer. Millisecond wall clocks of one machine. The configuration step's              reaction includes rendering the machine config, the pinned TLS handshake and the              status write recording the claim; Bootstrap's includes the status write that              records the intent; `Ready`'s the status write after the check.",
+            "How long the operators take to start a step once the event that enables it \
+             happened, beside how long the step itself took: the step's start and end are \
+             the emulator's record of the call arriving and being answered (`GET \
+             /machines/<ip>/calls`); the enabling events are the benchmark's watch \
+             timestamps (the bundle's Secret, the Instance's claim label, the Cilium \
+             Addon's `Ready`, which the benchmark sets the moment the Addon appears) or the \
+             previous call's answer. Millisecond wall clocks of one machine. The \
+             configuration step's reaction includes reading the cluster and its Secret, \
+             rendering the machine config and the pinned TLS handshake; Bootstrap's the \
+             status write that records the intent (with the members' conditions) and an \
+             Event; Kubeconfig's the status write of `Bootstrapped`; `Ready`'s the members' \
+             Version calls and the status write.",
         )
         .table(table)
 }
