@@ -111,7 +111,8 @@ pub fn base_dir() -> PathBuf {
 }
 
 /// A new directory `<base>/<prefix>-<pid>-<n>` for one control plane. Also frees the etcd
-/// data of earlier runs whose process is gone (their logs stay).
+/// data of earlier runs whose process is gone, at any depth (the store's `store-etcd`, the
+/// emulated machines' control planes); their logs and certificates stay.
 pub fn unique_dir(prefix: &str) -> PathBuf {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
     let base = base_dir();
@@ -131,7 +132,26 @@ fn prune_dead_runs(base: &Path) {
             && pid != std::process::id()
             && !Path::new(&format!("/proc/{pid}")).exists()
         {
-            let _ = std::fs::remove_dir_all(entry.path().join("etcd"));
+            remove_etcd_data(&entry.path(), 4);
+        }
+    }
+}
+
+/// Removes every directory named `etcd` or `*-etcd` under `dir`, looking `depth` levels down.
+fn remove_etcd_data(dir: &Path, depth: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name == "etcd" || name.ends_with("-etcd") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        } else if depth > 1 {
+            remove_etcd_data(&entry.path(), depth - 1);
         }
     }
 }
@@ -252,4 +272,31 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_runs_etcd_data_goes_at_any_depth_and_its_logs_stay() {
+        let base = std::env::temp_dir().join(format!("testbed-prune-{}", std::process::id()));
+        let run = base.join("chart-install-4194303-0");
+        for dir in ["etcd/member", "store-etcd/member", "127.0.0.9/control-plane/etcd", "logs"] {
+            std::fs::create_dir_all(run.join(dir)).unwrap();
+        }
+        std::fs::write(run.join("logs/etcd.log"), "kept").unwrap();
+        let alive = base.join(format!("alive-{}-0", std::process::id()));
+        std::fs::create_dir_all(alive.join("etcd")).unwrap();
+
+        prune_dead_runs(&base);
+
+        assert!(!run.join("etcd").exists());
+        assert!(!run.join("store-etcd").exists());
+        assert!(!run.join("127.0.0.9/control-plane/etcd").exists());
+        assert!(run.join("127.0.0.9/control-plane").exists());
+        assert!(run.join("logs/etcd.log").exists());
+        assert!(alive.join("etcd").exists(), "a live run's data is left alone");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }
