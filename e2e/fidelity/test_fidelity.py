@@ -44,6 +44,10 @@ from talos_linux_api.v1_6_0.machine import (
     ApplyConfigurationRequestMode,
     BootstrapRequest,
     MachineServiceStub,
+    RebootRequest,
+    RebootRequestMode,
+    UpgradeRequest,
+    UpgradeRequestRebootMode,
 )
 from talos_linux_api.v1_6_0.storage import DiskDiskType, StorageServiceStub
 from talos_linux_api.v1_6_0.talos.resource.definitions.enums import (
@@ -67,6 +71,9 @@ HOSTNAME = "fidelity-cp"
 CLUSTER = "fidelity"  # the cluster name fidelity-gen puts in the config
 TALOS_TAG = "v1.13.8"
 RPC_TIMEOUT = 30.0
+# How long the emulated machine stays away when Reboot or Upgrade reboots it.
+REBOOT_DOWNTIME = 2.0
+UPGRADE_TAG = "v1.13.9"
 
 SEMVER = re.compile(r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
 MAC = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
@@ -201,6 +208,7 @@ def emulator(workdir):
             "--api-port", str(API_PORT),
             "--dir", str(workdir / "state"),
             "--control-addr", "127.0.0.1:0",
+            "--reboot-downtime-ms", str(int(REBOOT_DOWNTIME * 1000)),
         ],
         stdout=subprocess.PIPE,
         stderr=log,
@@ -442,6 +450,20 @@ def test_maintenance_refuses_admin_rpcs():
     assert err.value.status == Status.PERMISSION_DENIED
 
 
+def test_maintenance_refuses_reboot_and_upgrade():
+    # Talos v1.13 serves maintenance mode with the regular API: every caller is os:reader,
+    # so the authorizer refuses Reboot (admin, operator) and Upgrade (admin).
+    for rpc in (
+        lambda ch: MachineServiceStub(ch).reboot(RebootRequest(), timeout=RPC_TIMEOUT),
+        lambda ch: MachineServiceStub(ch).upgrade(
+            UpgradeRequest(image=f"ghcr.io/siderolabs/installer:{UPGRADE_TAG}"),
+            timeout=RPC_TIMEOUT),
+    ):
+        with pytest.raises(GRPCError) as err:
+            run(call(maintenance_tls(), rpc))
+        assert err.value.status == Status.PERMISSION_DENIED
+
+
 def test_apply_configuration_rejects_garbage():
     with pytest.raises(GRPCError) as err:
         run(call(maintenance_tls(), lambda ch: MachineServiceStub(ch).apply_configuration(
@@ -572,3 +594,79 @@ def test_kubeconfig(generated, workdir):
             last = e
         time.sleep(1)
     pytest.fail(f"API server not ready with the kubeconfig: {last}")
+
+
+def api_ready(workdir) -> bool:
+    """The API server answers /readyz with the kubeconfig's credentials (test_kubeconfig)."""
+    creds = workdir / "kube"
+    ctx = ssl.create_default_context(cafile=str(creds / "ca.crt"))
+    ctx.load_cert_chain(str(creds / "tls.crt"), str(creds / "tls.key"))
+    try:
+        with urllib.request.urlopen(f"https://{ADDRESS}:{API_PORT}/readyz",
+                                    context=ctx, timeout=10) as r:
+            return r.status == 200 and r.read().strip() == b"ok"
+    except OSError:
+        return False
+
+
+def away_then_back(generated, since: float) -> tuple[float, str]:
+    """Waits until the Talos port refuses connections, then until Version answers over mTLS
+    again; returns the seconds from ``since`` until then and the version tag."""
+    deadline = since + REBOOT_DOWNTIME / 2
+    while True:
+        try:
+            socket.create_connection((ADDRESS, TALOS_PORT), timeout=1).close()
+        except OSError:
+            break
+        assert time.monotonic() < deadline, "the machine never went away"
+        time.sleep(0.02)
+    deadline = since + REBOOT_DOWNTIME + 30
+    while True:
+        try:
+            resp = run(call(configured_tls(generated), lambda ch: MachineServiceStub(ch).version(
+                Empty(), timeout=5)))
+            return time.monotonic() - since, resp.messages[0].version.tag
+        except (GRPCError, StreamTerminatedError, ProtocolError, OSError, asyncio.TimeoutError):
+            pass
+        assert time.monotonic() < deadline, "the machine did not come back"
+        time.sleep(0.05)
+
+
+def test_reboot(generated, workdir):
+    resp = run(call(configured_tls(generated), lambda ch: MachineServiceStub(ch).reboot(
+        RebootRequest(mode=RebootRequestMode.POWERCYCLE), timeout=RPC_TIMEOUT)))
+    since = time.monotonic()
+    assert_no_unknown_fields(resp)
+    (msg,) = resp.messages
+    assert not on_wire(msg.metadata)
+    assert msg.actor_id
+    away, tag = away_then_back(generated, since)
+    assert away >= REBOOT_DOWNTIME * 0.9, away
+    assert tag == TALOS_TAG
+    # Back configured, with its cluster.
+    assert api_ready(workdir)
+
+
+def test_upgrade_rejects_a_malformed_image(generated):
+    for image in ("ghcr.io/siderolabs/Installer:v1.13.9", "installer:v1:2", ""):
+        with pytest.raises(GRPCError) as err:
+            run(call(configured_tls(generated), lambda ch: MachineServiceStub(ch).upgrade(
+                UpgradeRequest(image=image), timeout=RPC_TIMEOUT)))
+        assert err.value.status == Status.INVALID_ARGUMENT, image
+
+
+def test_upgrade(generated, workdir):
+    resp = run(call(configured_tls(generated), lambda ch: MachineServiceStub(ch).upgrade(
+        UpgradeRequest(image=f"ghcr.io/siderolabs/installer:{UPGRADE_TAG}",
+                       reboot_mode=UpgradeRequestRebootMode.DEFAULT),
+        timeout=RPC_TIMEOUT)))
+    since = time.monotonic()
+    assert_no_unknown_fields(resp)
+    (msg,) = resp.messages
+    assert not on_wire(msg.metadata)
+    assert msg.ack == "Upgrade request received"
+    assert msg.actor_id
+    away, tag = away_then_back(generated, since)
+    assert away >= REBOOT_DOWNTIME * 0.9, away
+    assert tag == UPGRADE_TAG
+    assert api_ready(workdir)

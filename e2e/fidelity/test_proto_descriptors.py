@@ -41,7 +41,10 @@ NEWER_TYPES = {"common.PEMEncodedCertificate"}
 # (message, field number)
 NEWER_FIELDS: set = set()
 # (enum, value number)
-NEWER_ENUM_VALUES = {("storage.Disk.DiskType", 5)}  # CD
+NEWER_ENUM_VALUES = {
+    ("storage.Disk.DiskType", 5),  # CD
+    ("machine.RebootRequest.Mode", 2),  # FORCE
+}
 
 F = descriptor_pb2.FieldDescriptorProto
 SCALAR = {

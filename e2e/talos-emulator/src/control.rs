@@ -8,7 +8,7 @@
 //!   `404` for an unknown machine, `400` for a bad body.
 //! * `GET /machines` → one line `<address> <port> <mode>` per machine.
 //! * `GET /machines/<address>/calls` → the machine's recent ApplyConfiguration, Bootstrap,
-//!   Kubeconfig and HealthCheck calls as a JSON array of [`CallRecord`](crate::CallRecord)
+//!   Kubeconfig, HealthCheck, Reboot and Upgrade calls as a JSON array of [`CallRecord`](crate::CallRecord)
 //!   (arrival and end in Unix milliseconds), oldest first; `404` for an unknown machine.
 
 use std::fmt::Write as _;

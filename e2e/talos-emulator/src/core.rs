@@ -63,8 +63,10 @@ pub enum Access {
     Read,
     /// ApplyConfiguration: admin; anyone in maintenance mode.
     Apply,
-    /// Bootstrap, Kubeconfig, Reset: admin only.
+    /// Bootstrap, Kubeconfig, Reset, Upgrade: admin only.
     Admin,
+    /// Reboot: admin or operator.
+    Operator,
 }
 
 /// The two API modes of a machine.
@@ -80,9 +82,14 @@ pub enum Mode {
 pub fn authorize(mode: Mode, roles: &[Role], access: Access) -> Result<(), Refusal> {
     let allowed = match (mode, access) {
         (Mode::Maintenance, Access::Read | Access::Apply) => true,
-        (Mode::Maintenance, Access::Admin) => false,
+        // Every maintenance-mode caller is os:reader (Talos v1.13 merged the maintenance API
+        // into the regular one, so Reboot and Upgrade are refused by the authorizer).
+        (Mode::Maintenance, Access::Admin | Access::Operator) => false,
         (Mode::Configured, Access::Read) => !roles.is_empty(),
         (Mode::Configured, Access::Apply | Access::Admin) => roles.contains(&Role::Admin),
+        (Mode::Configured, Access::Operator) => {
+            roles.contains(&Role::Admin) || roles.contains(&Role::Operator)
+        }
     };
     if allowed {
         Ok(())
@@ -259,6 +266,103 @@ fn selector_matches(selector: &DiskSelector, disk: &DiskFacts) -> bool {
         && selector.bus_path.as_deref().is_none_or(|b| b == "*")
 }
 
+/// The Talos version an Upgrade installs: the tag of its installer image
+/// (`<registry>/<path>/installer:vX.Y.Z`, optionally `@sha256:<digest>`). A reference that is
+/// not a valid image reference is refused with `InvalidArgument`, as Talos refuses an image it
+/// cannot parse; a valid one whose tag is no Talos version (`latest`, none) cannot be
+/// emulated, since the emulator does not pull images to read their version.
+pub fn upgrade_version(image: &str) -> Result<String, Refusal> {
+    let invalid = |why: &str| {
+        Refusal::InvalidArgument(format!("error validating installer image {image:?}: {why}"))
+    };
+    let (name, digest) = match image.split_once('@') {
+        Some((name, digest)) => (name, Some(digest)),
+        None => (image, None),
+    };
+    if let Some(digest) = digest {
+        let hex = digest
+            .strip_prefix("sha256:")
+            .ok_or_else(|| invalid("invalid digest"))?;
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(invalid("invalid digest"));
+        }
+    }
+    // A tag follows the last `:` after the last `/` (a `:` before it is a registry port).
+    let last_slash = name.rfind('/').map_or(0, |i| i + 1);
+    let (path, tag) = match name[last_slash..].rfind(':') {
+        Some(i) => (&name[..last_slash + i], Some(&name[last_slash + i + 1..])),
+        None => (name, None),
+    };
+    if !valid_repository(path) {
+        return Err(invalid("invalid reference format"));
+    }
+    let tag_ok = |t: &str| {
+        (1..=128).contains(&t.len())
+            && t.bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+    };
+    match tag {
+        Some(t) if !tag_ok(t) => Err(invalid("invalid reference format")),
+        Some(t) if is_talos_version(t) => Ok(t.to_owned()),
+        _ => Err(Refusal::Unimplemented(format!(
+            "the emulator upgrades only to installer images tagged with a Talos version (vX.Y.Z), not {image:?}"
+        ))),
+    }
+}
+
+/// `[registry[:port]/]component(/component)*`, each component lowercase alphanumerics
+/// joined by `.`, `_`, `__` or dashes (the distribution reference grammar).
+fn valid_repository(path: &str) -> bool {
+    let mut parts: Vec<&str> = path.split('/').collect();
+    if parts.len() > 1 {
+        let first = parts[0];
+        if first.contains('.') || first.contains(':') || first == "localhost" {
+            let (host, port) = first.split_once(':').unwrap_or((first, "0"));
+            let host_ok = !host.is_empty()
+                && host.split('.').all(|l| {
+                    !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                });
+            if !host_ok || port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+                return false;
+            }
+            parts.remove(0);
+        }
+    }
+    !parts.is_empty()
+        && parts.iter().all(|c| {
+            let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+            let bytes = c.as_bytes();
+            !bytes.is_empty()
+                && bytes.first().is_some_and(|b| alnum(*b))
+                && bytes.last().is_some_and(|b| alnum(*b))
+                && bytes
+                    .iter()
+                    .all(|b| alnum(*b) || matches!(b, b'.' | b'_' | b'-'))
+                && !c.contains("..")
+                && !c.contains("___")
+        })
+}
+
+/// `vX.Y.Z` with an optional pre-release (`v1.14.0-beta.1`).
+fn is_talos_version(tag: &str) -> bool {
+    let Some(rest) = tag.strip_prefix('v') else {
+        return false;
+    };
+    let (core, pre_ok) = match rest.split_once('-') {
+        Some((core, pre)) => (core, !pre.is_empty()),
+        None => (rest, true),
+    };
+    let numbers: Vec<&str> = core.split('.').collect();
+    pre_ok
+        && numbers.len() == 3
+        && numbers
+            .iter()
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// A machine's state as the core sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Core {
@@ -271,6 +375,8 @@ pub struct Core {
     /// Bumped on every mode change: connections of an older generation belong to a machine
     /// that has since rebooted, and are answered Unavailable.
     pub generation: u64,
+    /// The Talos version an Upgrade installed (`None`: the one the machine booted with).
+    pub installed: Option<String>,
 }
 
 /// What Reset or a reboot asks the edge to do, besides the state change.
@@ -334,6 +440,7 @@ impl Core {
             config: None,
             bootstrapped: false,
             generation: 0,
+            installed: None,
         }
     }
 
@@ -349,6 +456,7 @@ impl Core {
             config,
             bootstrapped: false,
             generation: 0,
+            installed: None,
         }
     }
 
@@ -425,7 +533,25 @@ impl Core {
         self.config = None;
         self.bootstrapped = false;
         self.generation += 1;
+        if plan.full_wipe {
+            // BOOT is gone too: the machine boots its boot media's version again.
+            self.installed = None;
+        }
         Ok(effects)
+    }
+
+    /// Upgrade: the installer's version becomes the installed one, and the machine reboots
+    /// into it (configured, its config and etcd data kept). Refused on a machine that is not
+    /// configured, which Talos cannot upgrade in place.
+    pub fn upgrade(&mut self, version: String) -> Result<(), Refusal> {
+        if self.active_config().is_none() {
+            return Err(Refusal::FailedPrecondition(
+                "upgrade needs an installed, configured machine".to_owned(),
+            ));
+        }
+        self.installed = Some(version);
+        self.reboot_in_place();
+        Ok(())
     }
 
     /// A reboot that keeps everything (config, mode, etcd data): only connections made

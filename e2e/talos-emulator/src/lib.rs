@@ -11,6 +11,13 @@
 //!   clientAuth); Bootstrap starts a REAL control plane from the test bed on the machine's
 //!   address; Kubeconfig, HealthCheck (over the nodes the request lists: etcd members,
 //!   Nodes), Reset; workers and further control planes join the cluster of the same id.
+//!   Reboot (`os:admin` or `os:operator`) and Upgrade (`os:admin`; an installer image
+//!   `…/installer:vX.Y.Z`, a malformed reference → `InvalidArgument`): answered, then the
+//!   machine reboots in place — unreachable for [`Emulator::set_reboot_downtime`] (1 s by
+//!   default), connections made before stale, then back configured with the same config and
+//!   its cluster running; after an Upgrade, Version reports the installer's tag (kept across
+//!   emulator restarts and resets, forgotten by a full wipe). In maintenance mode both are
+//!   `PermissionDenied`, as Talos v1.13's authorizer refuses every caller there.
 //! * Each machine of a cluster is a **hostlet** node by default ([`nodes`]): named after its
 //!   hostname, InternalIP its address, pods of our image (`kontinuum:<any tag>`, binaries
 //!   found next to the emulator's executable) run as real processes, others are pretended
@@ -292,6 +299,28 @@ impl Emulator {
     pub fn fired_faults(&self, address: Ipv4Addr) -> Option<u32> {
         find(&self.shared, &address.to_string())
             .map(|m| m.fired_faults.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Reboot calls that reached the machine at `address` (admitted or not), or `None` for
+    /// an unknown address.
+    pub fn reboot_calls(&self, address: Ipv4Addr) -> Option<u32> {
+        find(&self.shared, &address.to_string())
+            .map(|m| m.reboot_calls.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Upgrade calls that reached the machine at `address` (admitted or not, valid or not),
+    /// or `None` for an unknown address.
+    pub fn upgrade_calls(&self, address: Ipv4Addr) -> Option<u32> {
+        find(&self.shared, &address.to_string())
+            .map(|m| m.upgrade_calls.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// How long a machine a Reboot or Upgrade reboots stays unreachable (default 1 s).
+    pub fn set_reboot_downtime(&self, downtime: Duration) {
+        let ms = u64::try_from(downtime.as_millis()).unwrap_or(u64::MAX);
+        self.shared
+            .reboot_downtime_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The recent calls of the machine at `address` (see [`CallRecord`]), or `None` for an

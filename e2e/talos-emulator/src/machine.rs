@@ -45,6 +45,8 @@ pub(crate) struct Shared {
     dir: PathBuf,
     node_settings: NodeSettings,
     tools: Mutex<Option<Tools>>,
+    /// How long a machine stays unreachable when a Reboot or Upgrade reboots it, in ms.
+    pub reboot_downtime_ms: std::sync::atomic::AtomicU64,
     /// The node agent, resolved on first use.
     agent: Mutex<Option<Agent>>,
 }
@@ -65,6 +67,7 @@ impl Shared {
             dir,
             node_settings,
             tools: Mutex::new(None),
+            reboot_downtime_ms: std::sync::atomic::AtomicU64::new(DEFAULT_REBOOT_DOWNTIME_MS),
             agent: Mutex::new(None),
         }
     }
@@ -175,6 +178,10 @@ impl Shared {
     }
 }
 
+/// A rebooting machine's unreachable time, unless [`crate::Emulator::set_reboot_downtime`]
+/// says otherwise.
+pub(crate) const DEFAULT_REBOOT_DOWNTIME_MS: u64 = 1000;
+
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -185,6 +192,9 @@ pub(crate) struct Faults {
     pub hang_until: Option<tokio::time::Instant>,
     pub refuse: bool,
     pub unavailable: bool,
+    /// Rebooting (a Reboot or Upgrade RPC): new connections are refused, as `refuse`, until
+    /// the reboot's downtime is over.
+    pub rebooting: bool,
     /// Armed: what happens after the next Bootstrap took effect, before it is answered.
     pub after_bootstrap: Option<After>,
     /// Armed: what happens after the next ApplyConfiguration took effect.
@@ -315,6 +325,10 @@ pub struct Machine {
     pub(crate) rejected_configs: std::sync::atomic::AtomicU32,
     /// Armed faults carried out, for tests.
     pub(crate) fired_faults: std::sync::atomic::AtomicU32,
+    /// Reboot RPCs that reached the machine (admitted or not), for tests.
+    pub(crate) reboot_calls: std::sync::atomic::AtomicU32,
+    /// Upgrade RPCs that reached the machine (admitted or not, valid or not), for tests.
+    pub(crate) upgrade_calls: std::sync::atomic::AtomicU32,
     /// The last [`CALLS_KEPT`] calls of the RPCs that change a machine, for tests and
     /// benchmarks.
     calls: Mutex<std::collections::VecDeque<CallRecord>>,
@@ -330,7 +344,8 @@ const CALLS_KEPT: usize = 1000;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CallRecord {
-    /// `ApplyConfiguration`, `Bootstrap`, `Kubeconfig` or `HealthCheck`.
+    /// `ApplyConfiguration`, `Bootstrap`, `Kubeconfig`, `HealthCheck`, `Reboot` or
+    /// `Upgrade`.
     pub rpc: String,
     /// Arrival, Unix milliseconds.
     pub started_ms: u64,
@@ -386,6 +401,9 @@ const BOOTSTRAP_FILE: &str = "bootstrap.json";
 #[derive(Serialize, Deserialize)]
 struct StateFile {
     configured: bool,
+    /// The Talos version an Upgrade installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    installed: Option<String>,
 }
 
 const STATE_FILE: &str = "state.json";
@@ -436,17 +454,19 @@ impl Machine {
             write_private(&key_path, &key)?;
             key
         };
-        let configured = match std::fs::read(dir.join(STATE_FILE)) {
+        let state = match std::fs::read(dir.join(STATE_FILE)) {
             Ok(bytes) => {
-                serde_json::from_slice::<StateFile>(&bytes)
-                    .map_err(|source| Error::State {
-                        address: facts.address.to_string(),
-                        source,
-                    })?
-                    .configured
+                serde_json::from_slice::<StateFile>(&bytes).map_err(|source| Error::State {
+                    address: facts.address.to_string(),
+                    source,
+                })?
             }
-            Err(_) => false,
+            Err(_) => StateFile {
+                configured: false,
+                installed: None,
+            },
         };
+        let configured = state.configured;
         let config = match std::fs::read(dir.join(CONFIG_FILE)) {
             Ok(bytes) => {
                 Some(
@@ -464,6 +484,7 @@ impl Machine {
             .filter(|_| configured && config.is_some());
         let mut core = Core::restored(config, configured);
         core.bootstrapped = bootstrap.is_some();
+        core.installed = state.installed;
         Ok(Self {
             facts,
             dir,
@@ -481,6 +502,8 @@ impl Machine {
             apply_calls: std::sync::atomic::AtomicU32::new(0),
             fired_faults: std::sync::atomic::AtomicU32::new(0),
             rejected_configs: std::sync::atomic::AtomicU32::new(0),
+            reboot_calls: std::sync::atomic::AtomicU32::new(0),
+            upgrade_calls: std::sync::atomic::AtomicU32::new(0),
             calls: Mutex::new(std::collections::VecDeque::new()),
         })
     }
@@ -517,12 +540,15 @@ impl Machine {
         self.lock().core.mode
     }
 
-    fn persist_state(&self, configured: bool) -> Result<(), Error> {
-        let json =
-            serde_json::to_vec(&StateFile { configured }).map_err(|source| Error::State {
-                address: self.facts.address.to_string(),
-                source,
-            })?;
+    fn persist_state(&self, core: &Core) -> Result<(), Error> {
+        let state = StateFile {
+            configured: core.mode == Mode::Configured,
+            installed: core.installed.clone(),
+        };
+        let json = serde_json::to_vec(&state).map_err(|source| Error::State {
+            address: self.facts.address.to_string(),
+            source,
+        })?;
         write_private(&self.dir.join(STATE_FILE), &json)
     }
 
@@ -673,8 +699,10 @@ impl Machine {
                 .into_status());
             }
             write_private(&self.dir.join(CONFIG_FILE), bytes).map_err(|e| internal(&e))?;
-            self.persist_state(true).map_err(|e| internal(&e))?;
-            inner.core.apply(parsed).map_err(Refusal::into_status)?;
+            let mut applied = inner.core.clone();
+            applied.apply(parsed).map_err(Refusal::into_status)?;
+            self.persist_state(&applied).map_err(|e| internal(&e))?;
+            inner.core = applied;
         }
         tracing::info!(instance = %self.facts.address, "applied machine config");
         if let Some(cluster) = shared.cluster(cluster_id.as_ref()) {
@@ -820,7 +848,8 @@ impl Machine {
         if effects.stop_control_plane || effects.wipe_config {
             remove(&self.dir.join(BOOTSTRAP_FILE))?;
         }
-        self.persist_state(false)?;
+        let core = self.lock().core.clone();
+        self.persist_state(&core)?;
         if effects.forget_identity {
             let key = pki::generate_maintenance_key()?;
             write_private(&self.dir.join(KEY_FILE), &key)?;
@@ -829,6 +858,60 @@ impl Machine {
             inner.maintenance_tls = None;
         }
         Ok(())
+    }
+
+    /// A Reboot RPC: the machine reboots in place (configured, its config, etcd data and
+    /// cluster kept) and is unreachable for the reboot's downtime.
+    pub(crate) fn reboot_rpc(self: &Arc<Self>) {
+        self.lock().core.reboot_in_place();
+        tracing::info!(instance = %self.facts.address, "rebooting");
+        self.go_down();
+    }
+
+    /// An Upgrade RPC whose installer carries `version`: installed, then a reboot into it.
+    pub(crate) fn upgrade(self: &Arc<Self>, version: &str) -> Result<(), tonic::Status> {
+        {
+            let mut inner = self.lock();
+            let mut upgraded = inner.core.clone();
+            upgraded
+                .upgrade(version.to_owned())
+                .map_err(Refusal::into_status)?;
+            self.persist_state(&upgraded).map_err(|e| internal(&e))?;
+            inner.core = upgraded;
+        }
+        tracing::info!(instance = %self.facts.address, version = %version, "upgrading");
+        self.go_down();
+        Ok(())
+    }
+
+    /// Refuses new connections for the reboot's downtime (connections made before are
+    /// already stale: their generation has passed). The call that caused it is still
+    /// answered on its own connection.
+    fn go_down(self: &Arc<Self>) {
+        let downtime =
+            Duration::from_millis(self.shared().map_or(DEFAULT_REBOOT_DOWNTIME_MS, |s| {
+                s.reboot_downtime_ms.load(Ordering::Relaxed)
+            }));
+        self.faults.send_modify(|f| f.rebooting = true);
+        let machine = Arc::clone(self);
+        tokio::spawn(async move {
+            // The emulated reboot itself: the machine is away for this long.
+            tokio::time::sleep(downtime).await;
+            machine.faults.send_modify(|f| f.rebooting = false);
+            tracing::info!(instance = %machine.facts.address, "back from the reboot");
+        });
+    }
+
+    /// An actor id for an action's events (Talos answers a UUID; unique per call here).
+    pub(crate) fn actor_id(&self, action: &str) -> String {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        format!("{action}-{}-{n}", self.facts.index)
+    }
+
+    /// The Talos version the machine runs.
+    pub(crate) fn talos_version(&self) -> Option<String> {
+        self.lock().core.installed.clone()
     }
 
     /// The injected `reboot` fault.
@@ -881,7 +964,7 @@ impl Machine {
                         .active_config()
                         .is_some_and(|c| c.machine_type.is_control_plane()),
                     joined: lock(&m.cluster).is_some() || joined.contains(&hostname),
-                    answering: !(faults.refuse || faults.unavailable || hung),
+                    answering: !(faults.refuse || faults.rebooting || faults.unavailable || hung),
                     hostname,
                 }
             })
@@ -1171,7 +1254,10 @@ pub(crate) async fn accept_loop(
 ) {
     let mut faults = machine.faults.subscribe();
     loop {
-        let refuse = faults.borrow_and_update().refuse;
+        let refuse = {
+            let f = faults.borrow_and_update();
+            f.refuse || f.rebooting
+        };
         if refuse {
             listener = None;
             if faults.changed().await.is_err() {

@@ -1,5 +1,5 @@
 //! `talos-emulator --machines N --first-address 127.10.0.1 --dir DIR [--node-agent
-//! hostlet|kwok] [--image-map FILE] [--hostlet-bin FILE]`: prints `listening <address>` per
+//! hostlet|kwok] [--image-map FILE] [--hostlet-bin FILE] [--reboot-downtime-ms MS]`: prints `listening <address>` per
 //! machine and `control <addr>`, then serves until SIGINT/SIGTERM.
 
 use std::io::Write as _;
@@ -43,6 +43,9 @@ struct Args {
     /// The hostlet binary (default: next to this executable).
     #[arg(long)]
     hostlet_bin: Option<PathBuf>,
+    /// How long a machine that a Reboot or Upgrade reboots stays unreachable.
+    #[arg(long, default_value_t = 1000)]
+    reboot_downtime_ms: u64,
     /// Log filter (also env TALOS_EMULATOR_LOG).
     #[arg(long, env = "TALOS_EMULATOR_LOG", default_value = "info")]
     log_level: String,
@@ -72,6 +75,7 @@ async fn main() -> anyhow::Result<()> {
     )
     .await
     .context("starting the emulator")?;
+    emulator.set_reboot_downtime(std::time::Duration::from_millis(args.reboot_downtime_ms));
     {
         let mut out = std::io::stdout().lock();
         for addr in emulator.addresses() {

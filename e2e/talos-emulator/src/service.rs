@@ -18,8 +18,9 @@ use kontinuum_proto::talos::machine::apply_configuration_request::Mode as ApplyM
 use kontinuum_proto::talos::machine::machine_service_server::MachineService;
 use kontinuum_proto::talos::machine::{
     ApplyConfiguration, ApplyConfigurationRequest, ApplyConfigurationResponse, Bootstrap,
-    BootstrapRequest, BootstrapResponse, FeaturesInfo, PlatformInfo, Reset, ResetRequest,
-    ResetResponse, Version, VersionInfo, VersionResponse,
+    BootstrapRequest, BootstrapResponse, FeaturesInfo, PlatformInfo, Reboot, RebootRequest,
+    RebootResponse, Reset, ResetRequest, ResetResponse, Upgrade, UpgradeRequest, UpgradeResponse,
+    Version, VersionInfo, VersionResponse,
 };
 use kontinuum_proto::talos::storage::storage_service_server::StorageService;
 use kontinuum_proto::talos::storage::{Disk, Disks, DisksResponse};
@@ -33,7 +34,7 @@ use crate::core::{self, Access, Mode, Refusal, resources};
 use crate::machine::{Call, ConnInfo, Machine, Member, internal};
 use crate::pki;
 
-/// Talos version the emulator claims to be.
+/// Talos version the emulator claims to be (until an Upgrade installs another).
 pub const TALOS_TAG: &str = "v1.13.8";
 const TALOS_SHA: &str = "3de49322";
 
@@ -73,11 +74,15 @@ fn connection<T>(request: &Request<T>) -> Result<ConnInfo, Status> {
 impl MachineService for Api {
     async fn version(&self, request: Request<()>) -> Result<Response<VersionResponse>, Status> {
         let mode = self.admit(&request, Access::Read).await?;
+        let tag = self
+            .machine
+            .talos_version()
+            .unwrap_or_else(|| TALOS_TAG.to_owned());
         Ok(Response::new(VersionResponse {
             messages: vec![Version {
                 metadata: None,
                 version: Some(VersionInfo {
-                    tag: TALOS_TAG.to_owned(),
+                    tag,
                     sha: TALOS_SHA.to_owned(),
                     built: String::new(),
                     go_version: "go1.25.1".to_owned(),
@@ -174,6 +179,51 @@ impl MachineService for Api {
         };
         call.succeeded();
         Ok(Response::new(Box::pin(tokio_stream::iter([Ok(chunk)]))))
+    }
+
+    async fn reboot(
+        &self,
+        request: Request<RebootRequest>,
+    ) -> Result<Response<RebootResponse>, Status> {
+        let mut call = self.machine.call("Reboot");
+        self.machine
+            .reboot_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.admit(&request, Access::Operator).await?;
+        // Every mode (default kexec, powercycle, force) reboots the same way here.
+        self.machine.reboot_rpc();
+        call.succeeded();
+        Ok(Response::new(RebootResponse {
+            messages: vec![Reboot {
+                metadata: None,
+                actor_id: self.machine.actor_id("reboot"),
+            }],
+        }))
+    }
+
+    async fn upgrade(
+        &self,
+        request: Request<UpgradeRequest>,
+    ) -> Result<Response<UpgradeResponse>, Status> {
+        let mut call = self.machine.call("Upgrade");
+        self.machine
+            .upgrade_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.admit(&request, Access::Admin).await?;
+        let version =
+            core::upgrade_version(&request.get_ref().image).map_err(Refusal::into_status)?;
+        // `stage` reboots before installing, the default installs then reboots: either way
+        // the machine comes back on the new version. `preserve` is what Talos always does
+        // since v1.8; `force` skips etcd checks the emulator does not make.
+        self.machine.upgrade(&version)?;
+        call.succeeded();
+        Ok(Response::new(UpgradeResponse {
+            messages: vec![Upgrade {
+                metadata: None,
+                ack: "Upgrade request received".to_owned(),
+                actor_id: self.machine.actor_id("upgrade"),
+            }],
+        }))
     }
 
     async fn reset(

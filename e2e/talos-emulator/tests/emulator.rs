@@ -23,7 +23,9 @@ use kontinuum_talos::{
 };
 use kontinuum_talos_config::{MachineType, SecretsBundle, admin_talosconfig};
 use kube::Api;
-use support::{TIMEOUTS, config, configured, endpoint, identity, ip, maintenance, new_bundle};
+use support::{
+    TIMEOUTS, config, configured, endpoint, identity, ip, leaf_cert, maintenance, new_bundle,
+};
 use talos_emulator::{Emulator, Fault, Mode, Settings};
 
 fn dir(name: &str) -> PathBuf {
@@ -217,28 +219,6 @@ async fn full_cycles_with_workers() {
         "cycle 1 (cp + 2 workers) took {cycle1:?}, both cycles {:?}",
         started.elapsed()
     );
-}
-
-fn leaf_cert(
-    bundle: &SecretsBundle,
-    org: &str,
-    ekus: Vec<rcgen::ExtendedKeyUsagePurpose>,
-) -> ClientIdentity {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
-    let mut params = rcgen::CertificateParams::default();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::OrganizationName, org);
-    params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = ekus;
-    let cert = params
-        .signed_by(&key, &bundle.os_ca().issuer().unwrap())
-        .unwrap();
-    ClientIdentity::new(
-        bundle.os_ca().cert_pem.clone(),
-        cert.pem(),
-        key.serialize_pem(),
-    )
 }
 
 async fn http(control: SocketAddr, method: &str, path: &str, body: &str) -> String {

@@ -55,7 +55,7 @@ fn invalid(r: Result<ParsedConfig, Refusal>) -> String {
 
 #[test]
 fn authorization_follows_talos_table() {
-    use Access::{Admin, Apply, Read};
+    use Access::{Admin, Apply, Operator, Read};
     let m = Mode::Maintenance;
     let c = Mode::Configured;
     assert!(authorize(m, &[], Read).is_ok());
@@ -67,6 +67,12 @@ fn authorization_follows_talos_table() {
     assert!(authorize(c, &[Role::Operator], Apply).is_err());
     assert!(authorize(c, &[Role::Admin], Admin).is_ok());
     assert!(authorize(c, &[Role::Admin], Apply).is_ok());
+    // Reboot: admin or operator, never a reader, never in maintenance mode.
+    assert!(authorize(m, &[], Operator).is_err());
+    assert!(authorize(c, &[Role::Reader], Operator).is_err());
+    assert!(authorize(c, &[Role::Operator], Operator).is_ok());
+    assert!(authorize(c, &[Role::Admin], Operator).is_ok());
+    assert!(authorize(c, &[Role::Operator], Admin).is_err());
     assert_eq!(Role::parse("os:admin"), Some(Role::Admin));
     assert_eq!(Role::parse("system:masters"), None);
 }
@@ -371,4 +377,88 @@ fn endpoint_hosts() {
     assert_eq!(endpoint_host("https://[fd00::1]:6443"), Some("fd00::1"));
     assert_eq!(endpoint_host("https://api.example"), Some("api.example"));
     assert_eq!(endpoint_host("http://x"), None);
+}
+
+#[test]
+fn upgrade_images_are_parsed_like_references() {
+    for (image, version) in [
+        ("ghcr.io/siderolabs/installer:v1.13.9", "v1.13.9"),
+        (
+            "registry.local:5000/installer:v1.14.0-beta.1",
+            "v1.14.0-beta.1",
+        ),
+        (
+            "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.12.0",
+            "v1.12.0",
+        ),
+        (
+            "ghcr.io/siderolabs/installer:v1.13.9@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "v1.13.9",
+        ),
+    ] {
+        assert_eq!(upgrade_version(image), Ok(version.to_owned()), "{image}");
+    }
+    for bad in [
+        "",
+        "ghcr.io/siderolabs/Installer:v1.13.9",
+        "ghcr.io//installer:v1.13.9",
+        "ghcr.io/siderolabs/installer:v1.13.9:x",
+        "ghcr.io/siderolabs/installer:-v1",
+        "ghcr.io/siderolabs/installer:v1.13.9@sha256:xyz",
+        "ghcr.io:port/installer:v1.13.9",
+        "not an image",
+    ] {
+        assert!(
+            matches!(upgrade_version(bad), Err(Refusal::InvalidArgument(_))),
+            "{bad:?}: {:?}",
+            upgrade_version(bad)
+        );
+    }
+    for unversioned in [
+        "ghcr.io/siderolabs/installer",
+        "ghcr.io/siderolabs/installer:latest",
+        "ghcr.io/siderolabs/installer:v1.13",
+        "ghcr.io/siderolabs/installer:v1.13.9-",
+    ] {
+        assert!(
+            matches!(upgrade_version(unversioned), Err(Refusal::Unimplemented(_))),
+            "{unversioned:?}"
+        );
+    }
+}
+
+#[test]
+fn upgrade_installs_the_version_and_a_full_wipe_forgets_it() {
+    let mut core = Core::new();
+    assert!(matches!(
+        core.upgrade("v1.13.9".to_owned()),
+        Err(Refusal::FailedPrecondition(_))
+    ));
+    let parsed = || {
+        validate_config(
+            &config(0, MachineType::ControlPlane, "cp", "127.63.0.3"),
+            &facts(),
+            &[],
+        )
+        .unwrap()
+    };
+    core.apply(parsed()).unwrap();
+    core.bootstrap().unwrap();
+    let generation = core.generation;
+    core.upgrade("v1.13.9".to_owned()).unwrap();
+    assert_eq!(core.installed.as_deref(), Some("v1.13.9"));
+    assert_eq!(core.mode, Mode::Configured);
+    assert!(core.bootstrapped, "etcd data survives an upgrade");
+    assert_eq!(
+        core.generation,
+        generation + 1,
+        "connections made before are stale"
+    );
+    core.reset(&ResetPlan { full_wipe: false }, &facts())
+        .unwrap();
+    assert_eq!(core.installed.as_deref(), Some("v1.13.9"), "BOOT is kept");
+    core.apply(parsed()).unwrap();
+    core.reset(&ResetPlan { full_wipe: true }, &facts())
+        .unwrap();
+    assert_eq!(core.installed, None);
 }
