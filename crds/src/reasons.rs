@@ -174,9 +174,12 @@ vocabulary! {
         /// The machine answers with its configured identity as a member of its cluster.
         /// Owner: talos-bootstrapper.
         Joined,
-        /// Summary: see [`InstanceCondition::ready_gates`]. Written by instance-discovery
-        /// while the Instance is unclaimed and by talos-bootstrapper once it is claimed (one
-        /// writer at a time).
+        /// A control-plane member only: the cluster's Talos health check passes with this
+        /// machine included (`Unknown` until the first check). Owner: talos-bootstrapper.
+        Healthy,
+        /// Summary of the gates of [`InstanceCondition::ready_gates`], False while the
+        /// Instance is being deleted. Owner: instance-discovery, for free and claimed
+        /// Instances alike (it stops probing a claimed one, not summarising it).
         Ready,
         /// True while the machine is being reset before the Instance goes away. Owner: the
         /// instance-reset controller.
@@ -186,12 +189,13 @@ vocabulary! {
 
 impl InstanceCondition {
     /// The conditions that gate `Ready`: `Discovered` for a free Instance; `Configured` and
-    /// `Joined` for one claimed by a pool (maintenance mode no longer answers then).
-    pub const fn ready_gates(claimed: bool) -> &'static [Self] {
-        if claimed {
-            &[Self::Configured, Self::Joined]
-        } else {
-            &[Self::Discovered]
+    /// `Joined` for one claimed by a pool (maintenance mode no longer answers then), and
+    /// `Healthy` too for a control-plane member (one that carries `Healthy`).
+    pub const fn ready_gates(claimed: bool, control_plane: bool) -> &'static [Self] {
+        match (claimed, control_plane) {
+            (false, _) => &[Self::Discovered],
+            (true, false) => &[Self::Configured, Self::Joined],
+            (true, true) => &[Self::Configured, Self::Joined, Self::Healthy],
         }
     }
 }
@@ -227,9 +231,9 @@ vocabulary! {
         WaitingForControlPlane,
         /// `Joined=True`: the machine answers as a member of its cluster.
         Joined,
-        /// `Ready=True` on a control-plane member: the cluster health check passes with it.
+        /// `Healthy=True` on a control-plane member: the cluster health check passes with it.
         Healthy,
-        /// `Ready=False` on a control-plane member: the periodic health check fails.
+        /// `Healthy=False` on a control-plane member: the periodic health check fails.
         Unhealthy,
         /// `Deleting=True`, `Ready=False`: the Instance is being deleted.
         Deleting,

@@ -3,15 +3,22 @@
 -- resource.customizations.health.kontinuum.sh_Instance.
 
 local kind = {
-  -- Who writes the status: instance-discovery while the Instance is free,
-  -- talos-bootstrapper once a pool claimed it.
-  controller = "instance-discovery/talos-bootstrapper",
+  -- Who summarises the status: instance-discovery, from its own Discovered while the
+  -- Instance is free and from talos-bootstrapper's conditions once a pool claimed it.
+  controller = "instance-discovery",
   -- The conditions that gate Ready: Discovered for a free Instance; Configured and Joined
-  -- for one claimed by a pool (maintenance mode no longer answers then).
+  -- for one claimed by a pool (maintenance mode no longer answers then), and Healthy too on
+  -- a control plane (the only members that carry it).
   gates = function(o)
     local labels = o.metadata.labels or {}
     local claimed = labels["kontinuum.sh/claimed-by"]
     if claimed ~= nil and claimed ~= "" then
+      local conditions = (o.status or {}).conditions or {}
+      for _, c in ipairs(conditions) do
+        if c.type == "Healthy" then
+          return { "Configured", "Joined", "Healthy" }
+        end
+      end
       return { "Configured", "Joined" }
     end
     return { "Discovered" }

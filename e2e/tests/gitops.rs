@@ -164,7 +164,7 @@ fn kinds() -> Vec<Kind> {
             file: "instance.lua",
             manager: "instance-discovery.kontinuum.sh",
             finalizer: Some(finalizers::INSTANCE_RESET),
-            gates: tokens(InstanceCondition::ready_gates(false)),
+            gates: tokens(InstanceCondition::ready_gates(false, false)),
             reasons: tokens(InstanceReason::ALL),
             waiting: ("Discovered", "Reconciling"),
             failing: ("Discovered", "ProbeFailed"),

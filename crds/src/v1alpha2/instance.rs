@@ -77,7 +77,10 @@ pub struct InstanceSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceStatus {
-    /// Conditions: `Discovered`, `Configured`, `Joined`, `Ready`, `Deleting`.
+    /// Conditions, each with one owner (its field manager): `Discovered` and the `Ready`
+    /// summary (instance-discovery); `Configured`, `Joined` and, on control planes,
+    /// `Healthy` (talos-bootstrapper, while a pool of its cluster claims the Instance);
+    /// `Deleting` (its instance-reset controller).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

@@ -282,7 +282,12 @@ mod tests {
     fn a_dead_runs_etcd_data_goes_at_any_depth_and_its_logs_stay() {
         let base = std::env::temp_dir().join(format!("testbed-prune-{}", std::process::id()));
         let run = base.join("chart-install-4194303-0");
-        for dir in ["etcd/member", "store-etcd/member", "127.0.0.9/control-plane/etcd", "logs"] {
+        for dir in [
+            "etcd/member",
+            "store-etcd/member",
+            "127.0.0.9/control-plane/etcd",
+            "logs",
+        ] {
             std::fs::create_dir_all(run.join(dir)).unwrap();
         }
         std::fs::write(run.join("logs/etcd.log"), "kept").unwrap();
@@ -296,7 +301,10 @@ mod tests {
         assert!(!run.join("127.0.0.9/control-plane/etcd").exists());
         assert!(run.join("127.0.0.9/control-plane").exists());
         assert!(run.join("logs/etcd.log").exists());
-        assert!(alive.join("etcd").exists(), "a live run's data is left alone");
+        assert!(
+            alive.join("etcd").exists(),
+            "a live run's data is left alone"
+        );
         std::fs::remove_dir_all(&base).unwrap();
     }
 }

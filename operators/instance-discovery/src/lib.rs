@@ -1,14 +1,18 @@
 //! instance-discovery: probes unclaimed Instances in Talos maintenance mode.
 //!
-//! * Reconciles: `Instance`s without the `kontinuum.sh/claimed-by` label.
+//! * Reconciles: `Instance`s: probes those without the `kontinuum.sh/claimed-by` label and
+//!   summarises every one.
 //! * Owns: Instance status fields `address`, `interfaces`, `disks`, `talos.version`,
-//!   `identity`, `lastSeenTime`, and the conditions `Discovered` and `Ready` while the
-//!   Instance is unclaimed, under field manager `instance-discovery.kontinuum.sh`.
+//!   `identity`, `lastSeenTime`, `observedGeneration`, and the conditions `Discovered` and
+//!   `Ready`, under field manager `instance-discovery.kontinuum.sh`. `Ready` summarises
+//!   [`InstanceCondition::ready_gates`](kontinuum_crds::reasons::InstanceCondition::ready_gates):
+//!   `Discovered` while free; the talos-bootstrapper's `Configured`, `Joined` (and `Healthy`
+//!   on a control plane) once claimed; False while the Instance is being deleted.
 //! * Triggered by: Instance changes, and a re-probe every `--reprobe-interval` (sooner,
 //!   `--retry-interval`, while a machine does not answer), so a machine that disappears goes
 //!   `Discovered=False` and one that comes back goes `True` again.
-//! * Never: probes, or rewrites the discovery of, a claimed Instance (its machine has left
-//!   maintenance mode; the talos-bootstrapper owns it then).
+//! * Never: probes, or rewrites the discovery of, a claimed or deleting Instance (its
+//!   machine has left maintenance mode); it only recomputes `Ready` there.
 //!
 //! Each probe dials the addresses of `spec.interfaces` in order, each bounded by
 //! `--dial-timeout`, and stops at the first that answers: Version, then COSI links,
@@ -269,12 +273,29 @@ pub fn status(
     );
     let ready = conditions::ready(
         &next.conditions,
-        Cond::ready_gates(false),
+        Cond::ready_gates(false, false),
         false,
         generation,
     );
     set(&mut next.conditions, ready, &now_time);
     next.observed_generation = generation;
+    next
+}
+
+/// Pure: the status of a claimed or deleting Instance, which is not probed: the same
+/// discovery, `Ready` recomputed from the talos-bootstrapper's conditions (or False while
+/// deleting).
+pub fn summary(instance: &Instance, now: Timestamp) -> InstanceStatus {
+    let mut next = instance.status.clone().unwrap_or_default();
+    let claimed = instance.labels().contains_key(CLAIMED_BY);
+    let control_plane = conditions::get(&next.conditions, Cond::Healthy).is_some();
+    let ready = conditions::ready(
+        &next.conditions,
+        Cond::ready_gates(claimed, control_plane),
+        instance.metadata.deletion_timestamp.is_some(),
+        instance.metadata.generation,
+    );
+    set(&mut next.conditions, ready, &Time(now));
     next
 }
 
@@ -320,15 +341,26 @@ pub async fn probe_all(prober: &Prober, addresses: &[String], timeout: Duration)
 /// Reconciles one Instance.
 #[instrument(skip_all, fields(controller = CONTROLLER, instance = %instance.name_any()))]
 pub async fn reconcile(instance: Arc<Instance>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    if instance.labels().contains_key(CLAIMED_BY) || instance.metadata.deletion_timestamp.is_some()
-    {
-        // Claimed: no longer ours. A release makes it unclaimed, which is a watch event.
-        return Ok(Action::await_change());
-    }
     let _timer = ctx.metrics.reconcile_timer();
     let name = instance.name_any();
     let ns = instance.namespace().unwrap_or_default();
     let api: Api<Instance> = Api::namespaced(ctx.client.clone(), &ns);
+    if instance.labels().contains_key(CLAIMED_BY) || instance.metadata.deletion_timestamp.is_some()
+    {
+        // Its machine has left maintenance mode: no probe, only the summary. The
+        // bootstrapper's condition writes and a release are watch events.
+        let desired = summary(&instance, Timestamp::now());
+        if instance
+            .status
+            .as_ref()
+            .is_none_or(|c| !conditions::status_eq_ignoring_time(c, &desired))
+        {
+            apply_status(&api, &name, FIELD_MANAGER, None, &owned(&desired))
+                .await
+                .map_err(Error::PatchStatus)?;
+        }
+        return Ok(Action::await_change());
+    }
 
     let outcome = probe_all(
         &ctx.prober,
@@ -349,8 +381,8 @@ pub async fn reconcile(instance: Arc<Instance>, ctx: Arc<Ctx>) -> Result<Action,
     let before = reason_of(current);
     let after = reason_of(Some(&desired));
     // Only this controller's fields are sent: conditions of other owners (the
-    // talos-bootstrapper's `Configured`/`Joined`) must not become co-owned, or their owner
-    // could never remove them.
+    // talos-bootstrapper's `Configured`/`Joined`/`Healthy`) must not become co-owned, or
+    // their owner could never remove them.
     let changed = current.is_none_or(|c| !conditions::status_eq_ignoring_time(c, &desired));
     if changed {
         apply_status(&api, &name, FIELD_MANAGER, None, &owned(&desired))

@@ -247,3 +247,106 @@ fn a_pinned_instance_records_only_the_pinned_machine() {
     let s = status(&pinned("abc"), &outcome, None, at(100));
     assert_eq!(discovered(&s).1, "IdentityChanged");
 }
+
+fn ready(s: &InstanceStatus) -> (String, String) {
+    let c = conditions::get(&s.conditions, "Ready").unwrap();
+    (c.status.clone(), c.reason.clone())
+}
+
+/// Conditions as (type, status, reason).
+type Rows<'a> = &'a [(&'a str, &'a str, &'a str)];
+
+/// A claimed Instance carrying the talos-bootstrapper's conditions.
+fn claimed(bootstrapper: Rows<'_>) -> Instance {
+    let mut i = instance();
+    i.status = Some(status(&i, &found("abc"), None, at(100)));
+    i.metadata
+        .labels
+        .get_or_insert_default()
+        .insert(CLAIMED_BY.into(), "eu-1a-control-plane".into());
+    let status = i.status.as_mut().unwrap();
+    for (type_, s, reason) in bootstrapper {
+        let c = Condition {
+            type_: (*type_).into(),
+            status: (*s).into(),
+            reason: (*reason).into(),
+            message: format!("{type_} is {s}"),
+            last_transition_time: Time(at(120)),
+            observed_generation: None,
+        };
+        conditions::set(&mut status.conditions, c, &Time(at(120)));
+    }
+    i
+}
+
+#[test]
+fn a_claimed_instance_is_ready_when_the_bootstrappers_gates_are() {
+    let rows: [(Rows<'_>, (&str, &str)); 6] = [
+        // Claimed, not visited yet: Discovered no longer counts.
+        (&[], ("Unknown", "Reconciling")),
+        (
+            &[("Configured", "False", "ConfigRejected")],
+            ("False", "ConfigRejected"),
+        ),
+        // A worker: configured and joined.
+        (
+            &[
+                ("Configured", "True", "ConfigApplied"),
+                ("Joined", "True", "Joined"),
+            ],
+            ("True", "Ready"),
+        ),
+        // A control plane waits for its health check too.
+        (
+            &[
+                ("Configured", "True", "ConfigApplied"),
+                ("Joined", "True", "Joined"),
+                ("Healthy", "Unknown", "Reconciling"),
+            ],
+            ("Unknown", "Reconciling"),
+        ),
+        (
+            &[
+                ("Configured", "True", "ConfigApplied"),
+                ("Joined", "True", "Joined"),
+                ("Healthy", "False", "Unhealthy"),
+            ],
+            ("False", "Unhealthy"),
+        ),
+        (
+            &[
+                ("Configured", "True", "ConfigApplied"),
+                ("Joined", "True", "Joined"),
+                ("Healthy", "True", "Healthy"),
+            ],
+            ("True", "Ready"),
+        ),
+    ];
+    for (bootstrapper, (s, reason)) in rows {
+        let i = claimed(bootstrapper);
+        let next = summary(&i, at(130));
+        assert_eq!(ready(&next), (s.into(), reason.into()), "{bootstrapper:?}");
+        // Nothing of the discovery changes, and only Discovered and Ready are sent.
+        assert_eq!(discovered(&next).0, "True");
+        assert_eq!(next.address.as_deref(), Some("192.0.2.10"));
+        let sent: Vec<_> = owned(&next)
+            .conditions
+            .into_iter()
+            .map(|c| c.type_)
+            .collect();
+        assert_eq!(sent, ["Discovered", "Ready"]);
+    }
+}
+
+#[test]
+fn a_deleting_instance_is_not_ready() {
+    let mut i = claimed(&[
+        ("Configured", "True", "ConfigApplied"),
+        ("Joined", "True", "Joined"),
+    ]);
+    i.metadata.deletion_timestamp = Some(Time(at(125)));
+    assert_eq!(
+        ready(&summary(&i, at(130))),
+        ("False".into(), "Deleting".into())
+    );
+}

@@ -6,8 +6,10 @@
 //!   alone; a controller ownerReference and this operator's finalizer, so a foreground
 //!   deletion cannot take the bundle before the machines are reset) and
 //!   `taloscluster-<name>-kubeconfig` (key `kubeconfig` only, named by `status.secretRef`:
-//!   what the addon-installer and zone-installer read); the built-in Addons it seeds (created once each, never updated); the Instance
-//!   conditions `Configured`, `Joined`, `Ready` of its members; the finalizer
+//!   what the addon-installer and zone-installer read); the built-in Addons it seeds
+//!   (created once each, never updated); the Instance conditions `Configured`, `Joined`
+//!   and, on control planes, `Healthy` of its members (server-side applied, nothing else of
+//!   the Instance's status: its `Ready` summary is instance-discovery's); the finalizer
 //!   `kontinuum.sh/talos-bootstrapper`.
 //! * Triggered by: TalosCluster changes; Instance changes (mapped to the cluster whose pool
 //!   claims the Instance, or that configured it); Addon changes (mapped to
@@ -67,7 +69,7 @@ fn now() -> Time {
 }
 
 /// The conditions this operator writes on Instances.
-const MEMBER_CONDITIONS: [ICond; 3] = [ICond::Configured, ICond::Joined, ICond::Ready];
+const MEMBER_CONDITIONS: [ICond; 3] = [ICond::Configured, ICond::Joined, ICond::Healthy];
 
 /// Reconciles one TalosCluster (through the finalizer).
 #[instrument(skip_all, fields(controller = crate::CONTROLLER, cluster = %cluster.name_any()))]
@@ -306,52 +308,34 @@ pub(crate) fn own_conditions(all: &[Condition]) -> Vec<Condition> {
         .collect()
 }
 
-/// Replaces this operator's conditions on an Instance with `desired`, keeping every other
-/// condition: a read-modify-write guarded by the resourceVersion (retried on conflict), so
-/// a condition is always written or removed whole — server-side apply would leave
-/// half-owned entries behind when another controller wrote the same type.
+/// Makes `desired` this operator's conditions on an Instance: server-side applied under
+/// [`FIELD_MANAGER`] with only these entries, so a condition it no longer sends is removed
+/// and no other owner's condition or field is touched (each condition type has one owner).
+/// Entries an older release wrote by merge patch under the same manager are removed alike
+/// (the e2e test `one_control_plane_to_ready_...` writes one and releases).
 pub(crate) async fn write_member_conditions(
     api: &Api<Instance>,
     name: &str,
     desired: &[Condition],
 ) -> Result<(), Error> {
-    let mut attempts = 0;
-    loop {
-        attempts += 1;
-        let Some(current) = api
-            .get_opt(name)
-            .await
-            .map_err(Error::kube(format!("read Instance {name}")))?
-        else {
-            return Ok(());
-        };
-        let mut conditions: Vec<Condition> = current
-            .status
-            .map(|s| s.conditions)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| !MEMBER_CONDITIONS.iter().any(|t| t.as_str() == c.type_))
-            .collect();
-        conditions.extend(desired.iter().cloned());
-        let patch = serde_json::json!({
-            "metadata": { "resourceVersion": current.metadata.resource_version },
-            "status": { "conditions": conditions },
-        });
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..PatchParams::default()
-        };
-        match api.patch_status(name, &params, &Patch::Merge(&patch)).await {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 && attempts < 5 => {}
-            Err(source) => {
-                return Err(Error::Kube {
-                    what: format!("patch the conditions of Instance {name}"),
-                    source,
-                });
-            }
-        }
+    // `conditions` is sent even when empty: the apply then removes every entry of ours.
+    let patch = kontinuum_operator_common::status::status_patch::<Instance, _>(
+        &serde_json::json!({ "conditions": desired }),
+    );
+    match api
+        .patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(Error::Kube {
+            what: format!("apply the conditions of Instance {name}"),
+            source,
+        }),
     }
 }
 
@@ -1325,8 +1309,8 @@ async fn health_check(
     checked.map_err(|err| plan::health_failure(&progress, &chain(&err)))
 }
 
-/// Marks configured members `Joined` once they answer a configured-mode Version (and, for
-/// a healthy control plane, `Ready`). Returns whether every configured member joined.
+/// Marks configured members `Joined` once they answer a configured-mode Version (and a
+/// control plane's `Healthy` as the check found it). Returns whether every configured member joined.
 async fn join_members(
     run: &mut Run<'_>,
     identity: &ClientIdentity,
@@ -1359,7 +1343,13 @@ async fn join_members(
                 continue;
             }
         }
-        if let Some(set) = plan::member_ready(member.role, healthy_control_plane) {
+        // As this pass left it: a failed check above set `Healthy=False` already.
+        let reported = match run.members.get(&member.name) {
+            Some((_, desired)) => conditions::get(desired, ICond::Healthy).is_some(),
+            None => conditions::get(&run.current_member_conditions(&member.name), ICond::Healthy)
+                .is_some(),
+        };
+        if let Some(set) = plan::member_health(member.role, healthy_control_plane, reported) {
             run.apply_member(&member.name, &set);
         }
     }

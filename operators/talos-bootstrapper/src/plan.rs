@@ -676,25 +676,25 @@ pub fn join_answer(answer: Result<(bool, &str), &str>) -> Option<MemberSet> {
     }
 }
 
-/// Pure: a joined member's `Ready`: a control plane's after a passing health check, a
-/// worker's once joined. `None` for a control plane without a passing check.
-pub fn member_ready(role: Role, healthy_control_plane: bool) -> Option<MemberSet> {
-    if healthy_control_plane {
-        Some(set(
-            ICond::Ready,
+/// Pure: a joined control-plane member's `Healthy`: True after a passing health check,
+/// `Unknown` until its first check (`reported`: it carries `Healthy` already, which only a
+/// check changes). Workers carry none: their `Ready` summary is `Configured` and `Joined`.
+pub fn member_health(role: Role, healthy_control_plane: bool, reported: bool) -> Option<MemberSet> {
+    match role {
+        Role::ControlPlane if healthy_control_plane => Some(set(
+            ICond::Healthy,
             ConditionStatus::True,
             IReason::Healthy,
             "control plane health check passed with this node included",
-        ))
-    } else if role == Role::Worker {
-        Some(set(
-            ICond::Ready,
-            ConditionStatus::True,
-            IReason::Ready,
-            "configured and joined",
-        ))
-    } else {
-        None
+        )),
+        Role::ControlPlane if !reported => Some(set(
+            ICond::Healthy,
+            ConditionStatus::Unknown,
+            IReason::Reconciling,
+            "waiting for the control plane health check",
+        )),
+        // Workers carry none; a reported `Healthy` changes only with a check.
+        Role::ControlPlane | Role::Worker => None,
     }
 }
 
@@ -758,7 +758,7 @@ pub fn control_plane_health(
             };
             let message = format!("control plane health check failed: {error}");
             let member = set(
-                ICond::Ready,
+                ICond::Healthy,
                 ConditionStatus::False,
                 IReason::Unhealthy,
                 message.clone(),
@@ -1382,8 +1382,8 @@ mod tests {
             worker_waiting(),
             join_answer(Ok((true, "v1.13.0"))).unwrap(),
             join_answer(Err("refused")).unwrap(),
-            member_ready(Role::ControlPlane, true).unwrap(),
-            member_ready(Role::Worker, false).unwrap(),
+            member_health(Role::ControlPlane, true, true).unwrap(),
+            member_health(Role::ControlPlane, false, false).unwrap(),
             control_plane_health(Health::Checked(Err("x".into())), true, &["cp-1"]).members[0]
                 .1
                 .clone(),
@@ -1403,22 +1403,28 @@ mod tests {
                 (ICond::Joined, "False", IReason::WaitingForControlPlane),
                 (ICond::Joined, "True", IReason::Joined),
                 (ICond::Joined, "Unknown", IReason::TalosApiUnreachable),
-                (ICond::Ready, "True", IReason::Healthy),
-                (ICond::Ready, "True", IReason::Ready),
-                (ICond::Ready, "False", IReason::Unhealthy),
+                (ICond::Healthy, "True", IReason::Healthy),
+                (ICond::Healthy, "Unknown", IReason::Reconciling),
+                (ICond::Healthy, "False", IReason::Unhealthy),
             ]
         );
         assert!(
             join_answer(Ok((false, "v1.13.0"))).is_none(),
             "still in maintenance mode"
         );
-        assert!(member_ready(Role::ControlPlane, false).is_none());
+        assert!(
+            member_health(Role::ControlPlane, false, true).is_none(),
+            "only a check changes a reported Healthy"
+        );
+        for healthy in [false, true] {
+            assert!(member_health(Role::Worker, healthy, false).is_none());
+        }
         let seen: BTreeSet<&str> = member_rows.iter().map(|(_, _, r)| r.as_str()).collect();
-        // The member conditions this operator owns are Configured, Joined and Ready;
+        // The member conditions this operator owns are Configured, Joined and Healthy;
         // the others are instance-discovery's (Discovered, the Ready summary) and the
         // instance-reset controller's (Deleting); `Resetting` is declared, written by no one.
         let elsewhere = [
-            "Reconciling",
+            "Ready",
             "Discovered",
             "NoInterfaces",
             "ProbeFailed",

@@ -105,6 +105,49 @@ fn condition(instance: &Instance, type_: &str) -> Option<(String, String)> {
     Some((c.status.clone(), c.reason.clone()))
 }
 
+/// Every condition of the Instance's status has exactly one field manager, and it is the
+/// documented owner of its type: read from the API server's `managedFields`.
+fn assert_field_owners(instance: &Instance) {
+    let owners = |type_: &str| -> Vec<String> {
+        let key = format!("k:{{\"type\":\"{type_}\"}}");
+        instance
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|m| m.subresource.as_deref() == Some("status"))
+            .filter(|m| {
+                m.fields_v1.as_ref().is_some_and(|f| {
+                    f.0.pointer("/f:status/f:conditions")
+                        .and_then(|c| c.get(&key))
+                        .is_some()
+                })
+            })
+            .map(|m| {
+                format!(
+                    "{}/{}",
+                    m.manager.as_deref().unwrap_or(""),
+                    m.operation.as_deref().unwrap_or("")
+                )
+            })
+            .collect()
+    };
+    for (type_, owner) in [
+        ("Discovered", "instance-discovery.kontinuum.sh/Apply"),
+        ("Ready", "instance-discovery.kontinuum.sh/Apply"),
+        ("Configured", "talos-bootstrapper.kontinuum.sh/Apply"),
+        ("Joined", "talos-bootstrapper.kontinuum.sh/Apply"),
+        ("Healthy", "talos-bootstrapper.kontinuum.sh/Apply"),
+    ] {
+        assert_eq!(
+            owners(type_),
+            [owner],
+            "owners of {type_}: {:#?}",
+            instance.metadata.managed_fields
+        );
+    }
+}
+
 async fn gone<K>(api: &Api<K>, what: &str)
 where
     K: kube::Resource + Clone + for<'de> k8s_openapi::serde::Deserialize<'de> + std::fmt::Debug,
@@ -233,9 +276,19 @@ async fn one_control_plane_to_ready_never_latched_and_back_to_maintenance() {
     let m1 = instance(&client, &ns, "m-1").await.unwrap();
     assert_eq!(condition(&m1, "Joined").unwrap().0, "True");
     assert_eq!(
-        condition(&m1, "Ready").unwrap(),
+        condition(&m1, "Healthy").unwrap(),
         ("True".into(), "Healthy".into())
     );
+    // The summary is instance-discovery's, from the bootstrapper's gates.
+    eventually(LIMIT, "m-1 Ready from its gates", || async {
+        Ok(instance(&client, &ns, "m-1")
+            .await
+            .and_then(|i| condition(&i, "Ready"))
+            == Some(("True".into(), "Ready".into())))
+    })
+    .await
+    .unwrap();
+    assert_field_owners(&instance(&client, &ns, "m-1").await.unwrap());
 
     // Never latched: an Addon not ready turns Ready False again, and back.
     set_addon_ready(&client, &ns, "eu-1a-cert-manager", false)
@@ -360,6 +413,38 @@ async fn one_control_plane_to_ready_never_latched_and_back_to_maintenance() {
         .await
         .unwrap();
 
+    // An older release wrote the member conditions with merge patches (operation Update):
+    // the release below, an apply, still clears them.
+    let m1 = instance(&client, &ns, "m-1").await.unwrap();
+    let mut legacy = m1.status.clone().unwrap().conditions;
+    for c in &mut legacy {
+        if c.type_ == "Joined" {
+            c.observed_generation = Some(1);
+        }
+    }
+    Api::<Instance>::namespaced(client.clone(), &ns)
+        .patch_status(
+            "m-1",
+            &PatchParams {
+                field_manager: Some("talos-bootstrapper.kontinuum.sh".into()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(serde_json::json!({
+                "metadata": { "resourceVersion": m1.metadata.resource_version },
+                "status": { "conditions": legacy },
+            })),
+        )
+        .await
+        .unwrap();
+    let co_owned = instance(&client, &ns, "m-1").await.unwrap();
+    assert!(
+        co_owned.metadata.managed_fields.iter().flatten().any(|m| {
+            m.operation.as_deref() == Some("Update")
+                && m.manager.as_deref() == Some("talos-bootstrapper.kontinuum.sh")
+        }),
+        "the legacy write is on record"
+    );
+
     // Teardown: the machine back in maintenance mode, the Instance released, the children
     // collected by the real garbage collector, every finalizer gone.
     let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
@@ -386,7 +471,7 @@ async fn one_control_plane_to_ready_never_latched_and_back_to_maintenance() {
     .await
     .unwrap();
     let m1 = instance(&client, &ns, "m-1").await.unwrap();
-    for type_ in ["Configured", "Joined"] {
+    for type_ in ["Configured", "Joined", "Healthy"] {
         assert!(
             condition(&m1, type_).is_none(),
             "{type_} cleared: {:#?} {:#?}",
@@ -449,6 +534,7 @@ async fn workers_join_and_unregistered_machines_are_reset_and_deleted() {
             };
             if condition(&i, "Configured").is_none_or(|c| c.0 != "True")
                 || condition(&i, "Joined").is_none_or(|c| c.0 != "True")
+                || condition(&i, "Ready") != Some(("True".into(), "Ready".into()))
             {
                 return Ok(false);
             }
@@ -457,6 +543,14 @@ async fn workers_join_and_unregistered_machines_are_reset_and_deleted() {
     })
     .await
     .unwrap();
+    for w in ["w-1", "w-2"] {
+        let i = instance(&client, &ns, w).await.unwrap();
+        assert_eq!(
+            condition(&i, "Healthy"),
+            None,
+            "a worker carries no Healthy"
+        );
+    }
     eventually(LIMIT, "three Ready nodes downstream", || async {
         let nodes = downstream_nodes(&client, &ns, "eu-1b").await;
         Ok(["cp-1", "w-1", "w-2"]
