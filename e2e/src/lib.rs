@@ -19,6 +19,7 @@ use kube::{Client, ResourceExt as _};
 pub use kontinuum_testbed as testbed;
 
 pub mod addons;
+pub mod api_proxy;
 pub mod bootstrapper;
 pub mod chart;
 pub mod zone;

@@ -208,74 +208,107 @@ async fn a_pool_claims_scales_and_releases_everything_on_deletion() {
     .unwrap();
 }
 
-#[tokio::test]
-async fn racing_pools_never_claim_an_instance_twice() {
+/// The compare-and-set, driven rather than hoped for: a proxy holds back the operator's
+/// Instance watch, so its cache still shows `m-00` free after another claimer took it. Its
+/// claim of `m-00` carries that stale resourceVersion and must lose (409 in the audit log,
+/// under its own user, and on `m-00` only), and the claim it did not see survives. Without
+/// the precondition the label would be overwritten and the pool would hold all four.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_made_on_a_stale_cache_loses_to_the_claim_it_did_not_see() {
+    use kontinuum_e2e::api_proxy::ApiProxy;
+    use kontinuum_e2e::{audit_writes, service_account_kubeconfig, service_account_user};
+
     let (client, shared) = shared_client().await.unwrap();
     install_kontinuum_crds(&client).await.unwrap();
-    let ns = namespace(&client, "race").await.unwrap();
-    instances(&client, &ns, "m", "west-1b", 10, true).await;
-    let _operator = start_operator(&shared.kubeconfig_path, &ns).await;
-    let pools: Api<InstancePool> = Api::namespaced(client.clone(), &ns);
-
-    for round in 0..20 {
-        let (a, b) = (format!("a-{round}"), format!("b-{round}"));
-        tokio::join!(
-            pool(&client, &ns, &a, "west-1b", 6),
-            pool(&client, &ns, &b, "west-1b", 6)
-        );
-        eventually(
-            LIMIT,
-            "all 10 claimed and both statuses agreeing with the labels",
-            || async {
-                let claimed = claims(&client, &ns).await;
-                let count = |p: &str| claimed.get(p).map_or(0, Vec::len);
-                let total: usize = claimed.values().map(Vec::len).sum();
-                let status = |p: String| {
-                    let pools = pools.clone();
-                    async move {
-                        pools
-                            .get(&p)
-                            .await
-                            .ok()
-                            .and_then(|p| p.status)
-                            .and_then(|s| s.claimed_replicas)
-                    }
-                };
-                let (sa, sb) = (status(a.clone()).await, status(b.clone()).await);
-                Ok(total == 10
-                    && count(&a) + count(&b) == 10
-                    && sa == i32::try_from(count(&a)).ok()
-                    && sb == i32::try_from(count(&b)).ok())
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("round {round}: {e:#}"));
-        // Labels are a map: an Instance can hold one claim only, so 10 claims in total over
-        // 10 Instances with 6 + 6 wanted means no Instance was handed out twice.
-        for p in [&a, &b] {
-            let c = condition(&client, &ns, p, "InsufficientCapacity")
-                .await
-                .unwrap();
-            let claimed = claims(&client, &ns)
-                .await
-                .get(p.as_str())
-                .map_or(0, Vec::len);
-            assert_eq!(
-                c.0 == "True",
-                claimed < 6,
-                "round {round}: {p} says {c:?} with {claimed} claimed"
-            );
-        }
-        pools.delete(&a, &DeleteParams::default()).await.unwrap();
-        pools.delete(&b, &DeleteParams::default()).await.unwrap();
-        eventually(LIMIT, "both pools released everything", || async {
-            Ok(claims(&client, &ns).await.is_empty()
-                && pools.get_opt(&a).await?.is_none()
-                && pools.get_opt(&b).await?.is_none())
-        })
+    kontinuum_e2e::install_operator_roles(&client)
         .await
         .unwrap();
+    let ns = namespace(&client, "race").await.unwrap();
+    instances(&client, &ns, "m", "west-1b", 4, true).await;
+    let name = "pool-claimer-race";
+    let kubeconfig =
+        service_account_kubeconfig(&client, shared, &ns, name, kontinuum_e2e::POOL_CLAIMER_ROLE)
+            .await
+            .unwrap();
+    let as_operator = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let proxy = ApiProxy::start(Client::try_from(as_operator).unwrap(), "/instances")
+        .await
+        .unwrap();
+    let through_proxy = proxy
+        .kubeconfig(&shared.dir, &format!("{ns}-{name}"))
+        .unwrap();
+    // Ready means its caches are synced: it has seen the four free Instances.
+    let _operator = start_operator(&through_proxy, &ns).await;
+
+    proxy.freeze(true);
+    let api: Api<Instance> = Api::namespaced(client.clone(), &ns);
+    api.patch(
+        "m-00",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "metadata": { "labels": { CLAIMED_BY: "rival" } } })),
+    )
+    .await
+    .unwrap();
+    pool(&client, &ns, "a", "west-1b", 4).await;
+    let user = service_account_user(&ns, name);
+    let log = shared.audit_log();
+    let conflicts = || {
+        audit_writes(&log, &user)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.response_status.as_ref().and_then(|s| s.code) == Some(409))
+            .map(|e| e.request_u_r_i)
+            .collect::<Vec<_>>()
+    };
+    // Claims go in name order: m-00 first, refused; then m-01..m-03, won.
+    eventually(
+        LIMIT,
+        "the stale claim refused and the rest won",
+        || async {
+            Ok(!conflicts().is_empty()
+                && claims(&client, &ns).await.get("a").map(Vec::as_slice)
+                    == Some(&["m-01".to_owned(), "m-02".to_owned(), "m-03".to_owned()][..]))
+        },
+    )
+    .await
+    .unwrap();
+    for uri in conflicts() {
+        assert!(
+            uri.contains("/instances/m-00"),
+            "only the stale claim conflicts: {uri}"
+        );
     }
+    let holder = |i: Instance| i.labels().get(CLAIMED_BY).cloned();
+    assert_eq!(
+        holder(api.get("m-00").await.unwrap()).as_deref(),
+        Some("rival")
+    );
+
+    // Thawed, the operator sees what it missed: three of four, and says so.
+    proxy.freeze(false);
+    eventually(LIMIT, "a reports 3 of 4 claimed", || async {
+        let pools: Api<InstancePool> = Api::namespaced(client.clone(), &ns);
+        let claimed = pools
+            .get("a")
+            .await?
+            .status
+            .and_then(|s| s.claimed_replicas);
+        Ok(claimed == Some(3)
+            && condition(&client, &ns, "a", "InsufficientCapacity")
+                .await
+                .is_some_and(|c| c.0 == "True"))
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        holder(api.get("m-00").await.unwrap()).as_deref(),
+        Some("rival")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
