@@ -9,7 +9,13 @@
 //!   `kontinuum_talos_config::parse_machine_config` for what the emulator needs.
 //! * Configured mode: mTLS against the OS CA of the applied config (`os:admin`, EKU exactly
 //!   clientAuth); Bootstrap starts a REAL control plane from the test bed on the machine's
-//!   address; Kubeconfig, HealthCheck (over the nodes the request lists: etcd members,
+//!   address, built from what the config says (`cluster_config`): its Kubernetes, etcd
+//!   (etcd on TLS) and aggregator CAs, ServiceAccount key, first IPv4 pod and Service
+//!   networks, cluster name and API port (`localAPIServerPort`, else the endpoint's port when
+//!   it names the machine, else 6443; [`Settings::api_port`] if that port is taken), Talos'
+//!   control-plane label and, with `allowSchedulingOnControlPlanes: false`, its NoSchedule
+//!   taint; CNI `none` installs nothing, and what cannot be honoured (another CNI, further or
+//!   IPv6 networks, a taken port) is logged as ignored, one line per setting; Kubeconfig, HealthCheck (over the nodes the request lists: etcd members,
 //!   Nodes), Reset; workers and further control planes join the cluster of the same id.
 //!   Reboot (`os:admin` or `os:operator`) and Upgrade (`os:admin`; an installer image
 //!   `…/installer:vX.Y.Z`, a malformed reference → `InvalidArgument`): answered, then the
@@ -28,6 +34,7 @@
 //!
 //! The state machine is pure ([`core`]); sockets, files and the test bed are at the edges.
 
+mod cluster_config;
 pub mod control;
 pub mod core;
 mod error;
@@ -75,7 +82,8 @@ pub struct Settings {
     pub first_address: Ipv4Addr,
     /// Talos API port of every machine (0: a free port per machine, for tests).
     pub port: u16,
-    /// Kubernetes API port of a bootstrapped control plane (0: a free one per bootstrap).
+    /// Kubernetes API port of a bootstrapped control plane when the one its config names is
+    /// taken on its address (0: a free one per bootstrap).
     pub api_port: u16,
     /// State directory (one sub-directory per machine address).
     pub dir: PathBuf,

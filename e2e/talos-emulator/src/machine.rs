@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::server::Connected;
 
+use crate::cluster_config::{self, CONTROL_PLANE_ROLE, ClusterSettings};
 use crate::core::{self, Core, Effects, Facts, KnownControlPlane, Mode, Refusal, Role};
 use crate::error::Error;
 use crate::nodes::{self, Agent, NodeSettings};
@@ -760,20 +761,21 @@ impl Machine {
             (config, inner.core.hostname(&self.facts))
         };
         let config = config.ok_or_else(|| tonic::Status::internal("no active config"))?;
-        let ca = config
-            .kubernetes_ca
-            .key_pem
-            .as_ref()
-            .ok_or_else(|| tonic::Status::failed_precondition("no kubernetes ca key"))
-            .and_then(|key| {
-                pki::testbed_ca(&config.kubernetes_ca.cert_pem, key).map_err(|e| internal(&e))
-            })?;
+        let settings = self.cluster_settings();
+        let (_, _, mut ignored) = settings.networks();
         let address = IpAddr::V4(self.facts.address);
-        let port = match port.unwrap_or(shared.api_port) {
-            0 => kontinuum_testbed::free_port(address)
-                .map_err(|e| internal(&Error::Testbed(Box::new(e))))?,
-            p => p,
+        let port = match port {
+            Some(port) => port, // a restart keeps the port it had
+            None => choose_api_port(
+                settings.api_port(self.facts.address),
+                shared.api_port,
+                address,
+                &mut ignored,
+            )?,
         };
+        for setting in &ignored {
+            tracing::warn!(instance = %self.facts.address, setting = %setting, "ignoring a config setting the emulator cannot honour");
+        }
         let record = serde_json::to_vec(&BootstrapFile { api_port: port }).map_err(|source| {
             internal(&Error::State {
                 address: self.facts.address.to_string(),
@@ -782,14 +784,17 @@ impl Machine {
         })?;
         write_private(&self.dir.join(BOOTSTRAP_FILE), &record).map_err(|e| internal(&e))?;
         let agent = shared.agent();
+        let role = NodeRole::ControlPlane {
+            tainted: !settings.allow_scheduling_on_control_planes,
+        };
         let hostlet = match &agent {
             Agent::Kwok => None,
             Agent::Hostlet { binary, image_map } => Some(hostlet_config(
                 &hostname,
                 self.facts.address,
                 shared.pod_cidr(self.facts.address),
-                image_map,
-                binary,
+                (image_map, binary),
+                role,
             )),
         };
         let cluster = Arc::new(Cluster {
@@ -800,19 +805,15 @@ impl Machine {
             agent,
             joined: tokio::sync::Mutex::new(BTreeMap::new()),
         });
-        let cp_config = ControlPlaneConfig {
-            dir: self.dir.join("control-plane"),
-            address,
-            port,
-            // A hostlet registers its own Node once the control plane runs.
-            nodes: if hostlet.is_some() {
-                Vec::new()
-            } else {
-                vec![hostname.clone()]
-            },
-            extra_dns: vec![hostname],
-            ca: Some(ca),
+        let mut cp_config = control_plane_config(&config, &settings, address, port)?;
+        cp_config.dir = self.dir.join("control-plane");
+        // A hostlet registers its own Node once the control plane runs.
+        cp_config.nodes = if hostlet.is_some() {
+            Vec::new()
+        } else {
+            vec![hostname.clone()]
         };
+        cp_config.extra_dns = vec![hostname];
         *lock(&self.cluster) = Some(Arc::clone(&cluster));
         tracing::info!(instance = %self.facts.address, "bootstrapping");
         // The control plane's processes and its hostlet are children of the thread running
@@ -822,10 +823,37 @@ impl Machine {
             Arc::downgrade(&shared),
             tools,
             cp_config,
-            hostlet,
+            (hostlet, role),
         ));
         *lock(&cluster.start) = Some(handle);
         Ok(())
+    }
+
+    /// The cluster settings of the config on disk (Talos' defaults if it cannot be read,
+    /// which a config that passed validation always can).
+    pub(crate) fn cluster_settings(&self) -> ClusterSettings {
+        let path = self.dir.join(CONFIG_FILE);
+        match std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| cluster_config::read(&b))
+        {
+            Ok(settings) => settings,
+            Err(problem) => {
+                tracing::warn!(instance = %self.facts.address, problem = %problem, "reading the cluster settings of the config failed; using Talos' defaults");
+                ClusterSettings::default()
+            }
+        }
+    }
+
+    /// How this machine's Node registers: a worker, or a control plane (tainted unless its
+    /// config allows scheduling there).
+    pub(crate) fn node_role(&self) -> NodeRole {
+        match self.active_config() {
+            Some(c) if c.machine_type.is_control_plane() => NodeRole::ControlPlane {
+                tainted: !self.cluster_settings().allow_scheduling_on_control_planes,
+            },
+            _ => NodeRole::Worker,
+        }
     }
 
     /// Reset or reboot effects: stop the control plane (and every hostlet of its cluster),
@@ -985,6 +1013,110 @@ impl Machine {
     }
 }
 
+/// The control plane a config asks for, on `address:port`: its Kubernetes, etcd and
+/// aggregator CAs, its ServiceAccount key, its pod and Service networks and its name.
+fn control_plane_config(
+    config: &ParsedConfig,
+    settings: &ClusterSettings,
+    address: IpAddr,
+    port: u16,
+) -> Result<ControlPlaneConfig, tonic::Status> {
+    let key = config
+        .kubernetes_ca
+        .key_pem
+        .as_ref()
+        .ok_or_else(|| tonic::Status::failed_precondition("no kubernetes ca key"))?;
+    let ca_of = |ca: &cluster_config::Ca| {
+        pki::testbed_ca(&ca.cert_pem, &ca.key_pem).map_err(|e| internal(&e))
+    };
+    let (pods, services, _) = settings.networks();
+    let mut cp = ControlPlaneConfig::new(PathBuf::new());
+    cp.address = address;
+    cp.port = port;
+    cp.ca = Some(ca_of(&cluster_config::Ca {
+        cert_pem: config.kubernetes_ca.cert_pem.clone(),
+        key_pem: key.clone(),
+    })?);
+    cp.etcd_ca = settings.etcd_ca.as_ref().map(ca_of).transpose()?;
+    cp.aggregator_ca = settings.aggregator_ca.as_ref().map(ca_of).transpose()?;
+    cp.service_account_key_pem = settings
+        .service_account_key
+        .as_ref()
+        .map(|k| pki::pkcs8_pem(k).map_err(|e| internal(&e)))
+        .transpose()?;
+    cp.pod_cidr = pods.map(str::to_owned);
+    cp.service_cidr = services.map(str::to_owned);
+    cp.cluster_name.clone_from(&settings.cluster_name);
+    Ok(cp)
+}
+
+/// The API server's port: the config's when it is free on `address`, else (said in
+/// `ignored`) `fallback` (0: a free port).
+fn choose_api_port(
+    wanted: u16,
+    fallback: u16,
+    address: IpAddr,
+    ignored: &mut Vec<String>,
+) -> Result<u16, tonic::Status> {
+    if std::net::TcpListener::bind(SocketAddr::new(address, wanted)).is_ok() {
+        return Ok(wanted);
+    }
+    ignored.push(format!("the API server port {wanted} (taken on {address})"));
+    match fallback {
+        0 => kontinuum_testbed::free_port(address)
+            .map_err(|e| internal(&Error::Testbed(Box::new(e)))),
+        port => Ok(port),
+    }
+}
+
+/// How a machine's Node registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NodeRole {
+    Worker,
+    /// Labelled `node-role.kubernetes.io/control-plane`; `tainted`: with Talos'
+    /// `node-role.kubernetes.io/control-plane:NoSchedule` taint too.
+    ControlPlane {
+        tainted: bool,
+    },
+}
+
+impl NodeRole {
+    /// The Node's labels and taints as a merge patch (`None` for a worker).
+    fn patch(self) -> Option<serde_json::Value> {
+        let NodeRole::ControlPlane { tainted } = self else {
+            return None;
+        };
+        let taints: Vec<serde_json::Value> = if tainted {
+            vec![serde_json::json!({"key": CONTROL_PLANE_ROLE, "effect": "NoSchedule"})]
+        } else {
+            Vec::new()
+        };
+        Some(serde_json::json!({
+            "metadata": {"labels": {CONTROL_PLANE_ROLE: ""}},
+            "spec": {"taints": taints},
+        }))
+    }
+}
+
+/// Labels (and taints) a control plane's Node as Talos' kubelet registers it.
+async fn mark_node(client: &kube::Client, name: &str, role: NodeRole) {
+    let Some(patch) = role.patch() else {
+        return;
+    };
+    let api = Api::<Node>::all(client.clone());
+    let params = kube::api::PatchParams::default();
+    if let Err(err) = api
+        .patch(name, &params, &kube::api::Patch::Merge(&patch))
+        .await
+    {
+        tracing::warn!(
+            node = name,
+            error = &err as &dyn std::error::Error,
+            "labelling a control plane's node failed"
+        );
+    }
+}
+
 fn stopping() -> tonic::Status {
     tonic::Status::unavailable("emulator is stopping")
 }
@@ -1001,8 +1133,9 @@ async fn run_cluster(
     shared: Weak<Shared>,
     tools: Tools,
     config: ControlPlaneConfig,
-    hostlet: Option<HostletConfig>,
+    (hostlet, role): (Option<HostletConfig>, NodeRole),
 ) {
+    let node = config.extra_dns.first().cloned().unwrap_or_default();
     let started = Box::pin(ControlPlane::start(&tools, config)).await;
     let started = match (started, hostlet) {
         (Ok(mut cp), Some(hostlet)) => {
@@ -1018,6 +1151,10 @@ async fn run_cluster(
         }
         (started, _) => started,
     };
+    // A hostlet registers with its role already; a KWOK node gets it now.
+    if let Ok(cp) = &started {
+        mark_node(&cp.client(), &node, role).await;
+    }
     let mut phase = cluster.phase.lock().await;
     match started {
         Ok(cp) => {
@@ -1051,12 +1188,22 @@ fn hostlet_config(
     name: &str,
     address: Ipv4Addr,
     pod_cidr: Option<String>,
-    image_map: &Path,
-    binary: &Path,
+    (image_map, binary): (&Path, &Path),
+    role: NodeRole,
 ) -> HostletConfig {
     let mut config = HostletConfig::new(name, address, image_map, binary);
     config.pod_cidr = pod_cidr;
     config.pretend_unmapped = true;
+    if let NodeRole::ControlPlane { tainted } = role {
+        config
+            .labels
+            .push((CONTROL_PLANE_ROLE.to_owned(), String::new()));
+        if tainted {
+            config
+                .taints
+                .push(format!("{CONTROL_PLANE_ROLE}:NoSchedule"));
+        }
+    }
     config
 }
 
@@ -1076,8 +1223,14 @@ async fn join(cluster: &Cluster, shared: &Weak<Shared>, address: Ipv4Addr, hostn
     {
         return;
     }
+    let role = shared
+        .machines
+        .iter()
+        .find(|m| m.facts.address == address)
+        .map_or(NodeRole::Worker, |m| m.node_role());
     let Agent::Hostlet { binary, image_map } = &cluster.agent else {
         create_kwok_node(&client, hostname).await;
+        mark_node(&client, hostname, role).await;
         joined.insert(hostname.to_owned(), None);
         return;
     };
@@ -1085,8 +1238,8 @@ async fn join(cluster: &Cluster, shared: &Weak<Shared>, address: Ipv4Addr, hostn
         hostname,
         address,
         shared.pod_cidr(address),
-        image_map,
-        binary,
+        (image_map, binary),
+        role,
     );
     drop(shared);
     let (cluster_dir, kubeconfig) = match &*cluster.phase.lock().await {
@@ -1105,6 +1258,7 @@ async fn join(cluster: &Cluster, shared: &Weak<Shared>, address: Ipv4Addr, hostn
                 "the hostlet node did not come up; joining as a kwok node"
             );
             create_kwok_node(&client, hostname).await;
+            mark_node(&client, hostname, role).await;
             joined.insert(hostname.to_owned(), None);
         }
     }

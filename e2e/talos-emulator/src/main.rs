@@ -23,7 +23,8 @@ struct Args {
     /// Talos API port of every machine.
     #[arg(long, default_value_t = DEFAULT_PORT)]
     port: u16,
-    /// Kubernetes API port of a bootstrapped control plane (0: a free port).
+    /// Kubernetes API port of a bootstrapped control plane when the one its config names is
+    /// taken (0: a free port).
     #[arg(long, default_value_t = DEFAULT_API_PORT)]
     api_port: u16,
     /// State directory.

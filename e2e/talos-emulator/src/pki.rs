@@ -222,15 +222,66 @@ pub fn testbed_ca(
     cert_pem: &str,
     key_pem: &Sensitive,
 ) -> Result<kontinuum_testbed::CertificateAuthority, Error> {
-    let der = private_key_pkcs8_der(key_pem.expose()).map_err(|source| Error::Secrets {
-        what: "converting the kubernetes ca key",
-        source: Box::new(source),
-    })?;
-    let key = KeyPair::try_from(der.as_slice()).map_err(pki("loading the kubernetes ca key"))?;
     Ok(kontinuum_testbed::CertificateAuthority {
         cert_pem: cert_pem.to_owned(),
-        key_pem: key.serialize_pem(),
+        key_pem: pkcs8_pem(key_pem)?,
     })
+}
+
+/// A private key of a Talos config (`EC PRIVATE KEY`, `ED25519 PRIVATE KEY`, `RSA PRIVATE
+/// KEY` or PKCS#8) as a PKCS#8 `PRIVATE KEY` PEM, the form the test bed loads.
+pub fn pkcs8_pem(key_pem: &Sensitive) -> Result<String, Error> {
+    let key = if let Some(pkcs1) = rsa_pkcs1_der(key_pem.expose()) {
+        KeyPair::try_from(rsa_pkcs8_der(&pkcs1).as_slice())
+    } else {
+        let der = private_key_pkcs8_der(key_pem.expose()).map_err(|source| Error::Secrets {
+            what: "converting a private key",
+            source: Box::new(source),
+        })?;
+        KeyPair::try_from(der.as_slice())
+    }
+    .map_err(pki("loading a private key"))?;
+    Ok(key.serialize_pem())
+}
+
+/// The DER body of an `RSA PRIVATE KEY` (PKCS#1) PEM.
+fn rsa_pkcs1_der(pem: &str) -> Option<Vec<u8>> {
+    let body = pem
+        .trim()
+        .strip_prefix("-----BEGIN RSA PRIVATE KEY-----")?
+        .strip_suffix("-----END RSA PRIVATE KEY-----")?;
+    let b64: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+    STANDARD.decode(b64).ok()
+}
+
+/// PKCS#1 RSA key → PKCS#8: `SEQUENCE { INTEGER 0, SEQUENCE { rsaEncryption, NULL },
+/// OCTET STRING { pkcs1 } }`.
+fn rsa_pkcs8_der(pkcs1: &[u8]) -> Vec<u8> {
+    const RSA_ENCRYPTION: [u8; 11] = [
+        0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01,
+    ];
+    let algorithm = der_tlv(0x30, &[&RSA_ENCRYPTION[..], &[0x05, 0x00]].concat());
+    let body = [der_tlv(0x02, &[0]), algorithm, der_tlv(0x04, pkcs1)].concat();
+    der_tlv(0x30, &body)
+}
+
+/// One DER element: `tag`, a definite length, `content`.
+pub fn der_tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    let len = content.len();
+    if len < 0x80 {
+        out.push(u8::try_from(len).unwrap_or(0));
+    } else {
+        let bytes: Vec<u8> = len
+            .to_be_bytes()
+            .into_iter()
+            .skip_while(|b| *b == 0)
+            .collect();
+        out.push(0x80 | u8::try_from(bytes.len()).unwrap_or(0));
+        out.extend(bytes);
+    }
+    out.extend_from_slice(content);
+    out
 }
 
 /// Talos' admin kubeconfig: a P-256 client certificate (CN admin, O system:masters, EKU

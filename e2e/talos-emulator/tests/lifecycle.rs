@@ -16,33 +16,20 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kontinuum_proto::talos::machine::reboot_request::Mode as RebootMode;
 use kontinuum_proto::talos::machine::{RebootRequest, UpgradeRequest};
-use kontinuum_talos::{ApplyMode, ErrorKind, TalosClient};
+use kontinuum_talos::{ErrorKind, TalosClient};
 use kontinuum_talos_config::MachineType;
 use kube::Api;
 use kube::api::PostParams;
 use support::{
-    TIMEOUTS, Tls, admin_tls, config, endpoint, identity, ip, maintenance, new_bundle, raw_machine,
-    role_tls,
+    TIMEOUTS, Tls, admin_tls, apply_and_bootstrap, config, endpoint, identity, ip, new_bundle,
+    one_machine, raw_machine, role_tls,
 };
-use talos_emulator::{Emulator, Mode, Settings};
+use talos_emulator::{Emulator, Mode};
 
 /// How long the machine stays away in this test: long enough to be seen from outside.
 const DOWNTIME: Duration = Duration::from_secs(3);
 /// What a reboot is seen to last at least, from the answer (the port is probed from outside).
 const AWAY_AT_LEAST: Duration = Duration::from_millis(2800);
-
-fn settings(name: &str) -> Settings {
-    let dir = kontinuum_testbed::unique_dir(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    Settings {
-        machines: 1,
-        first_address: Ipv4Addr::new(127, 67, 0, 1),
-        port: 0,
-        api_port: 0,
-        dir,
-        control_addr: None,
-    }
-}
 
 /// Waits until new connections to `addr` are refused, then until the machine answers
 /// Version again over a new mTLS connection; returns how long after `since` it came back and
@@ -87,7 +74,7 @@ async fn config_map_exists(kubeconfig: &str, name: &str) -> bool {
 async fn reboot_and_upgrade() {
     kontinuum_testbed::Tools::locate().expect("test-bed binaries (KONTINUUM_TESTBED_BIN)");
     let started = Instant::now();
-    let settings = settings("emulator-lifecycle");
+    let settings = one_machine("emulator-lifecycle", Ipv4Addr::new(127, 67, 0, 1));
     let emulator = Emulator::start(settings.clone()).await.unwrap();
     emulator.set_reboot_downtime(DOWNTIME);
     let cp = emulator.addresses()[0];
@@ -113,18 +100,8 @@ async fn reboot_and_upgrade() {
     assert_eq!(emulator.mode(ip(cp)), Some(Mode::Maintenance));
 
     // Configured, bootstrapped, a Kubernetes object written.
-    maintenance(cp)
-        .await
-        .apply_configuration(
-            config(&bundle, MachineType::ControlPlane, "cp", ip(cp)),
-            ApplyMode::Auto,
-        )
-        .await
-        .unwrap();
-    let admin = TalosClient::connect(&endpoint(cp), &identity(&bundle), TIMEOUTS)
-        .await
-        .unwrap();
-    admin.bootstrap().await.unwrap();
+    let control_plane = config(&bundle, MachineType::ControlPlane, "cp", ip(cp));
+    let admin = apply_and_bootstrap(cp, control_plane, &bundle).await;
     let kubeconfig = {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {

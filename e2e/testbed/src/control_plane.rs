@@ -13,7 +13,7 @@ use kube::{Client, Config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::hostlet::HostletConfig;
-use crate::pki::{CertificateAuthority, Pki};
+use crate::pki::{CertificateAuthority, Pki, PkiInputs};
 use crate::process::Component;
 use crate::{Error, Tools};
 
@@ -62,6 +62,22 @@ pub struct ControlPlaneConfig {
     pub extra_dns: Vec<String>,
     /// CA to build the PKI around; a new one is generated when `None`.
     pub ca: Option<CertificateAuthority>,
+    /// etcd's CA: etcd serves TLS to clients holding a certificate of it, and the API server
+    /// presents one (`None`: etcd on plain HTTP).
+    pub etcd_ca: Option<CertificateAuthority>,
+    /// The aggregator (front-proxy) CA: the API server's request-header client CA and its
+    /// proxy client certificate (`None`: no front proxy).
+    pub aggregator_ca: Option<CertificateAuthority>,
+    /// The ServiceAccount token signing key, PKCS#8 PEM (`None`: a fresh P-256 key).
+    pub service_account_key_pem: Option<String>,
+    /// The Service CIDR, IPv4 (`None`: `10.96.0.0/16`); the `kubernetes` Service gets its
+    /// first address.
+    pub service_cidr: Option<String>,
+    /// The pod CIDR, IPv4 (`None`: `10.244.0.0/16`): KWOK's pod addresses and the controller
+    /// manager's cluster CIDR.
+    pub pod_cidr: Option<String>,
+    /// The controller manager's cluster name (`None`: its default, `kubernetes`).
+    pub cluster_name: Option<String>,
 }
 
 impl ControlPlaneConfig {
@@ -74,8 +90,38 @@ impl ControlPlaneConfig {
             nodes: vec!["kwok-node-0".to_string()],
             extra_dns: Vec::new(),
             ca: None,
+            etcd_ca: None,
+            aggregator_ca: None,
+            service_account_key_pem: None,
+            service_cidr: None,
+            pod_cidr: None,
+            cluster_name: None,
         }
     }
+
+    /// The Service CIDR in use and its first address (the `kubernetes` Service's ClusterIP).
+    pub fn service_network(&self) -> Result<(String, IpAddr), Error> {
+        let cidr = self.service_cidr.as_deref().unwrap_or(SERVICE_CIDR);
+        Ok((cidr.to_owned(), first_address(cidr)?))
+    }
+
+    /// The pod CIDR in use.
+    pub fn pod_network(&self) -> Result<String, Error> {
+        let cidr = self.pod_cidr.as_deref().unwrap_or(POD_CIDR);
+        first_address(cidr)?;
+        Ok(cidr.to_owned())
+    }
+}
+
+/// The first host address of an IPv4 CIDR (`10.96.0.0/12` → `10.96.0.1`).
+pub fn first_address(cidr: &str) -> Result<IpAddr, Error> {
+    let invalid = || Error::InvalidConfig(format!("{cidr:?} is not an IPv4 CIDR"));
+    let (ip, len) = cidr.split_once('/').ok_or_else(invalid)?;
+    let ip: std::net::Ipv4Addr = ip.parse().map_err(|_| invalid())?;
+    let len: u32 = len.parse().ok().filter(|l| *l <= 30).ok_or_else(invalid)?;
+    let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+    let network = u32::from(ip) & mask;
+    Ok(IpAddr::V4(std::net::Ipv4Addr::from(network + 1)))
 }
 
 /// A running control plane. Dropping it kills every component; `stop` does it gracefully.
@@ -113,7 +159,7 @@ impl ControlPlane {
         } else {
             config.port
         };
-        let pki = Pki::generate(config.ca.clone(), address, &config.extra_dns)?;
+        let (pki, networks) = pki_and_networks(&config)?;
         let files = PkiFiles::write(&dir.join("pki"), &pki)?;
         let audit_policy = dir.join("audit-policy.yaml");
         write(&audit_policy, AUDIT_POLICY)?;
@@ -124,25 +170,13 @@ impl ControlPlane {
         let logs = dir.join("logs");
 
         let mut components = Vec::new();
-        let etcd_client = free_port(address)?;
-        let etcd_peer = free_port(address)?;
-        components.push(Component::spawn(
-            "etcd",
-            &tools.path("etcd"),
-            &etcd_args(address, etcd_client, etcd_peer, &etcd_data),
-            &logs,
-        )?);
-        wait_for(&mut components, "etcd /health", || {
-            etcd_healthy(address, etcd_client)
-        })
-        .await?;
-
-        let etcd_url = format!("http://{}", SocketAddr::new(address, etcd_client));
+        let etcd_url =
+            start_etcd(tools, address, (&etcd_data, &logs), &files, &mut components).await?;
         components.push(Component::spawn(
             "kube-apiserver",
             &tools.path("kube-apiserver"),
             &[
-                apiserver_args(address, port, &etcd_url, &files),
+                apiserver_args(address, port, &etcd_url, &files, &networks),
                 vec![
                     format!("--audit-policy-file={}", path_str(&audit_policy)),
                     format!("--audit-log-path={}", path_str(&dir.join(AUDIT_LOG))),
@@ -159,7 +193,15 @@ impl ControlPlane {
         })
         .await?;
 
-        spawn_controllers(tools, &dir, &kubeconfig, &files, address, &mut components)?;
+        spawn_controllers(
+            tools,
+            &dir,
+            &kubeconfig,
+            &files,
+            &networks,
+            address,
+            &mut components,
+        )?;
 
         for name in &config.nodes {
             create_node(&client, name).await?;
@@ -278,12 +320,70 @@ impl ControlPlane {
     }
 }
 
+/// The certificates and networks `config` asks for.
+fn pki_and_networks(config: &ControlPlaneConfig) -> Result<(Pki, Networks), Error> {
+    let (service_cidr, service_ip) = config.service_network()?;
+    let inputs = PkiInputs {
+        ca: config.ca.clone(),
+        service_account_key_pem: config.service_account_key_pem.clone(),
+        etcd_ca: config.etcd_ca.clone(),
+        aggregator_ca: config.aggregator_ca.clone(),
+    };
+    let pki = Pki::generate_with(inputs, config.address, &config.extra_dns, service_ip)?;
+    let networks = Networks {
+        service_cidr,
+        pod_cidr: config.pod_network()?,
+        cluster_name: config.cluster_name.clone(),
+    };
+    Ok((pki, networks))
+}
+
+/// Starts etcd (on TLS when `files` hold its certificates) and waits until it is healthy;
+/// returns its client URL.
+async fn start_etcd(
+    tools: &Tools,
+    address: IpAddr,
+    (data, logs): (&Path, &Path),
+    files: &PkiFiles,
+    components: &mut Vec<Component>,
+) -> Result<String, Error> {
+    let ports = EtcdPorts {
+        client: free_port(address)?,
+        peer: free_port(address)?,
+        // With TLS for clients, /health is read on a plain-HTTP metrics listener.
+        metrics: match files.etcd {
+            Some(_) => Some(free_port(address)?),
+            None => None,
+        },
+    };
+    components.push(Component::spawn(
+        "etcd",
+        &tools.path("etcd"),
+        &etcd_args(address, &ports, data, files),
+        logs,
+    )?);
+    wait_for(components, "etcd /health", || {
+        etcd_healthy(address, ports.metrics.unwrap_or(ports.client))
+    })
+    .await?;
+    let scheme = if files.etcd.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    Ok(format!(
+        "{scheme}://{}",
+        SocketAddr::new(address, ports.client)
+    ))
+}
+
 /// Starts kube-controller-manager, kube-scheduler and KWOK against a ready API server.
 fn spawn_controllers(
     tools: &Tools,
     dir: &Path,
     kubeconfig: &Path,
     files: &PkiFiles,
+    networks: &Networks,
     address: IpAddr,
     components: &mut Vec<Component>,
 ) -> Result<(), Error> {
@@ -292,7 +392,7 @@ fn spawn_controllers(
     components.push(Component::spawn(
         "kube-controller-manager",
         &tools.path("kube-controller-manager"),
-        &kcm_args(&kcfg, files),
+        &kcm_args(&kcfg, files, networks),
         &logs,
     )?);
     components.push(Component::spawn(
@@ -315,7 +415,7 @@ fn spawn_controllers(
             // Only KWOK's own fake nodes (created with this annotation): hostlet nodes and
             // their pods are left to their hostlet.
             format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
-            format!("--cidr={POD_CIDR}"),
+            format!("--cidr={}", networks.pod_cidr),
             format!("--node-ip={address}"),
             "--node-lease-duration-seconds=40".into(),
         ],
@@ -336,12 +436,39 @@ pub async fn client_from(kubeconfig_yaml: &str) -> Result<Client, Error> {
     })
 }
 
+/// The networks and name a control plane is started with.
+struct Networks {
+    service_cidr: String,
+    pod_cidr: String,
+    cluster_name: Option<String>,
+}
+
+/// Where etcd listens.
+struct EtcdPorts {
+    client: u16,
+    peer: u16,
+    metrics: Option<u16>,
+}
+
+/// A certificate file, its key file and the CA file it chains to.
+struct TlsFiles {
+    ca: String,
+    cert: String,
+    key: String,
+}
+
 struct PkiFiles {
     ca: String,
     apiserver_cert: String,
     apiserver_key: String,
     sa_key: String,
     sa_pub: String,
+    /// etcd's serving certificate (when etcd serves TLS).
+    etcd: Option<TlsFiles>,
+    /// The API server's etcd client certificate (when etcd serves TLS).
+    etcd_client: Option<TlsFiles>,
+    /// The API server's front-proxy client certificate and the aggregator CA.
+    front_proxy: Option<TlsFiles>,
 }
 
 impl PkiFiles {
@@ -351,20 +478,50 @@ impl PkiFiles {
             write(&path, content)?;
             Ok(path_str(&path))
         };
+        let pair = |prefix: &str, ca: &str, pair: &crate::CertPair| -> Result<TlsFiles, Error> {
+            Ok(TlsFiles {
+                ca: put(&format!("{prefix}-ca.crt"), ca)?,
+                cert: put(&format!("{prefix}.crt"), &pair.cert_pem)?,
+                key: put(&format!("{prefix}.key"), &pair.key_pem)?,
+            })
+        };
+        let (etcd, etcd_client) = match &pki.etcd {
+            Some(e) => (
+                Some(pair("etcd-server", &e.ca_pem, &e.server)?),
+                Some(pair(
+                    "apiserver-etcd-client",
+                    &e.ca_pem,
+                    &e.apiserver_client,
+                )?),
+            ),
+            None => (None, None),
+        };
+        let front_proxy = match &pki.front_proxy {
+            Some(f) => Some(pair("front-proxy-client", &f.ca_pem, &f.client)?),
+            None => None,
+        };
         Ok(Self {
             ca: put("ca.crt", &pki.ca.cert_pem)?,
             apiserver_cert: put("apiserver.crt", &pki.apiserver.cert_pem)?,
             apiserver_key: put("apiserver.key", &pki.apiserver.key_pem)?,
             sa_key: put("sa.key", &pki.sa_key_pem)?,
             sa_pub: put("sa.pub", &pki.sa_pub_pem)?,
+            etcd,
+            etcd_client,
+            front_proxy,
         })
     }
 }
 
-fn etcd_args(address: IpAddr, client: u16, peer: u16, data: &Path) -> Vec<String> {
-    let client_url = format!("http://{}", SocketAddr::new(address, client));
-    let peer_url = format!("http://{}", SocketAddr::new(address, peer));
-    vec![
+fn etcd_args(address: IpAddr, ports: &EtcdPorts, data: &Path, files: &PkiFiles) -> Vec<String> {
+    let scheme = if files.etcd.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let client_url = format!("{scheme}://{}", SocketAddr::new(address, ports.client));
+    let peer_url = format!("http://{}", SocketAddr::new(address, ports.peer));
+    let mut args = vec![
         "--name=default".into(),
         format!("--data-dir={}", path_str(data)),
         format!("--listen-client-urls={client_url}"),
@@ -377,11 +534,30 @@ fn etcd_args(address: IpAddr, client: u16, peer: u16, data: &Path) -> Vec<String
         // Nothing but this API server uses it; keep its disk footprint small.
         "--quota-backend-bytes=1073741824".into(),
         "--snapshot-count=10000".into(),
-    ]
+    ];
+    if let (Some(tls), Some(metrics)) = (&files.etcd, ports.metrics) {
+        args.extend([
+            format!(
+                "--listen-metrics-urls=http://{}",
+                SocketAddr::new(address, metrics)
+            ),
+            format!("--cert-file={}", tls.cert),
+            format!("--key-file={}", tls.key),
+            format!("--trusted-ca-file={}", tls.ca),
+            "--client-cert-auth=true".into(),
+        ]);
+    }
+    args
 }
 
-fn apiserver_args(address: IpAddr, port: u16, etcd_url: &str, f: &PkiFiles) -> Vec<String> {
-    vec![
+fn apiserver_args(
+    address: IpAddr,
+    port: u16,
+    etcd_url: &str,
+    f: &PkiFiles,
+    networks: &Networks,
+) -> Vec<String> {
+    let mut args = vec![
         format!("--etcd-servers={etcd_url}"),
         format!("--bind-address={address}"),
         format!("--advertise-address={address}"),
@@ -392,7 +568,7 @@ fn apiserver_args(address: IpAddr, port: u16, etcd_url: &str, f: &PkiFiles) -> V
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
         format!("--service-account-key-file={}", f.sa_pub),
         format!("--service-account-signing-key-file={}", f.sa_key),
-        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        format!("--service-cluster-ip-range={}", networks.service_cidr),
         "--authorization-mode=Node,RBAC".into(),
         "--allow-privileged=true".into(),
         // A loopback advertise address cannot be put into the `kubernetes` Endpoints.
@@ -403,11 +579,30 @@ fn apiserver_args(address: IpAddr, port: u16, etcd_url: &str, f: &PkiFiles) -> V
         "--max-mutating-requests-inflight=0".into(),
         "--enable-priority-and-fairness=false".into(),
         "--v=1".into(),
-    ]
+    ];
+    if let Some(tls) = &f.etcd_client {
+        args.extend([
+            format!("--etcd-cafile={}", tls.ca),
+            format!("--etcd-certfile={}", tls.cert),
+            format!("--etcd-keyfile={}", tls.key),
+        ]);
+    }
+    if let Some(tls) = &f.front_proxy {
+        args.extend([
+            format!("--requestheader-client-ca-file={}", tls.ca),
+            format!("--proxy-client-cert-file={}", tls.cert),
+            format!("--proxy-client-key-file={}", tls.key),
+            "--requestheader-allowed-names=front-proxy-client".into(),
+            "--requestheader-username-headers=X-Remote-User".into(),
+            "--requestheader-group-headers=X-Remote-Group".into(),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+        ]);
+    }
+    args
 }
 
-fn kcm_args(kubeconfig: &str, f: &PkiFiles) -> Vec<String> {
-    vec![
+fn kcm_args(kubeconfig: &str, f: &PkiFiles, networks: &Networks) -> Vec<String> {
+    let mut args = vec![
         format!("--kubeconfig={kubeconfig}"),
         "--leader-elect=false".into(),
         "--controllers=*".into(),
@@ -420,7 +615,11 @@ fn kcm_args(kubeconfig: &str, f: &PkiFiles) -> Vec<String> {
         "--node-monitor-grace-period=40s".into(),
         "--concurrent-gc-syncs=5".into(),
         "--v=1".into(),
-    ]
+    ];
+    if let Some(name) = &networks.cluster_name {
+        args.push(format!("--cluster-name={name}"));
+    }
+    args
 }
 
 fn write_kwok_config(tools: &Tools, dir: &Path) -> Result<PathBuf, Error> {
@@ -674,6 +873,27 @@ mod tests {
         assert!(ports.iter().all(|p| (low..high).contains(p)), "{ports:?}");
         // The test machine's kernel keeps its default ephemeral range.
         assert!(high <= 32_768 || low >= 61_000, "{low}..{high}");
+    }
+
+    #[test]
+    fn first_addresses_of_cidrs() {
+        for (cidr, first) in [
+            ("10.96.0.0/16", [10, 96, 0, 1]),
+            ("10.112.0.0/12", [10, 112, 0, 1]),
+            ("10.100.7.9/12", [10, 96, 0, 1]),
+        ] {
+            assert_eq!(first_address(cidr).unwrap(), IpAddr::from(first), "{cidr}");
+        }
+        for bad in ["10.96.0.0", "fd00::/108", "10.96.0.0/31", "x/8"] {
+            assert!(first_address(bad).is_err(), "{bad}");
+        }
+        let config = ControlPlaneConfig::new("/tmp/x");
+        assert_eq!(
+            config.service_network().unwrap(),
+            ("10.96.0.0/16".to_owned(), FIRST_SERVICE_IP),
+            "the default stays"
+        );
+        assert_eq!(config.pod_network().unwrap(), "10.244.0.0/16");
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub use control_plane::{
     client_from, free_port,
 };
 pub use hostlet::{Hostlet, HostletConfig, hostlet_dir};
-pub use pki::{CertPair, CertificateAuthority, Pki};
+pub use pki::{CertPair, CertificateAuthority, EtcdPki, FrontProxyPki, Pki, PkiInputs};
 pub use tools::{BIN_ENV, BUILD_SCRIPT, Tools};
 
 /// Errors of the test bed.
@@ -39,6 +39,9 @@ pub enum Error {
     /// The tools are missing or could not be built.
     #[error("test-bed tools: {0}")]
     Tools(String),
+    /// A [`ControlPlaneConfig`] asks for something the test bed cannot start.
+    #[error("invalid control plane config: {0}")]
+    InvalidConfig(String),
     /// A file or process operation failed.
     #[error("{what}")]
     Io {

@@ -3,7 +3,9 @@
 //! A cluster CA signs the API server's serving certificate and every client certificate;
 //! the ServiceAccount token signing key is a separate ECDSA P-256 key pair. The CA can be
 //! handed in, so that a control plane can be built around CAs that exist elsewhere (an
-//! emulated Talos machine uses the Kubernetes CA of its applied machine config).
+//! emulated Talos machine uses the Kubernetes CA of its applied machine config), and so can
+//! the signing key, an etcd CA (etcd then serves TLS and wants client certificates) and an
+//! aggregator (front-proxy) CA.
 
 use std::net::IpAddr;
 
@@ -81,6 +83,36 @@ impl CertificateAuthority {
 
     /// A serving certificate for the given IPs and DNS names.
     pub fn server(&self, cn: &str, ips: &[IpAddr], dns: &[String]) -> Result<CertPair, Error> {
+        self.named(cn, ips, dns, vec![ExtendedKeyUsagePurpose::ServerAuth])
+    }
+
+    /// A certificate for both serving and connecting as a client (etcd's: its peers dial
+    /// each other with it).
+    pub fn server_and_client(
+        &self,
+        cn: &str,
+        ips: &[IpAddr],
+        dns: &[String],
+    ) -> Result<CertPair, Error> {
+        self.named(
+            cn,
+            ips,
+            dns,
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        )
+    }
+
+    /// A certificate for the given IPs and DNS names with these extended key usages.
+    fn named(
+        &self,
+        cn: &str,
+        ips: &[IpAddr],
+        dns: &[String],
+        ekus: Vec<ExtendedKeyUsagePurpose>,
+    ) -> Result<CertPair, Error> {
         let names: Vec<String> = ips
             .iter()
             .map(ToString::to_string)
@@ -92,7 +124,7 @@ impl CertificateAuthority {
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.extended_key_usages = ekus;
         self.sign(&params)
     }
 
@@ -108,6 +140,40 @@ impl CertificateAuthority {
     }
 }
 
+/// What a control plane's certificates are built around; `Default` is a fresh cluster CA,
+/// a fresh signing key, plain-HTTP etcd and no front proxy.
+#[derive(Clone, Debug, Default)]
+pub struct PkiInputs {
+    /// The cluster CA (a new one when `None`).
+    pub ca: Option<CertificateAuthority>,
+    /// The ServiceAccount signing key, PKCS#8 PEM (a new P-256 one when `None`).
+    pub service_account_key_pem: Option<String>,
+    /// The etcd CA: etcd's serving certificate and the API server's etcd client certificate
+    /// (`None`: etcd on plain HTTP).
+    pub etcd_ca: Option<CertificateAuthority>,
+    /// The aggregator (front-proxy) CA: the API server's proxy client certificate and its
+    /// request-header client CA (`None`: no front proxy).
+    pub aggregator_ca: Option<CertificateAuthority>,
+}
+
+/// etcd's certificates, from a given etcd CA.
+pub struct EtcdPki {
+    /// The etcd CA certificate, PEM.
+    pub ca_pem: String,
+    /// etcd's serving (and peer) certificate.
+    pub server: CertPair,
+    /// The API server's etcd client certificate (CN `kube-apiserver-etcd-client`).
+    pub apiserver_client: CertPair,
+}
+
+/// The front proxy's certificates, from a given aggregator CA.
+pub struct FrontProxyPki {
+    /// The aggregator CA certificate, PEM.
+    pub ca_pem: String,
+    /// The API server's proxy client certificate (CN `front-proxy-client`).
+    pub client: CertPair,
+}
+
 /// Everything one control plane needs.
 pub struct Pki {
     /// The cluster CA (client CA and serving CA).
@@ -120,16 +186,41 @@ pub struct Pki {
     pub sa_key_pem: String,
     /// Public half of the signing key, PEM.
     pub sa_pub_pem: String,
+    /// etcd over TLS, when an etcd CA was given.
+    pub etcd: Option<EtcdPki>,
+    /// The front proxy, when an aggregator CA was given.
+    pub front_proxy: Option<FrontProxyPki>,
 }
 
 impl Pki {
-    /// Generates a PKI (or uses `ca`) for an API server reachable at `address` plus `extra_dns`.
+    /// Generates a PKI (or uses `ca`) for an API server reachable at `address` plus `extra_dns`,
+    /// the `kubernetes` Service at [`crate::FIRST_SERVICE_IP`].
     pub fn generate(
         ca: Option<CertificateAuthority>,
         address: IpAddr,
         extra_dns: &[String],
     ) -> Result<Self, Error> {
-        let ca = match ca {
+        let inputs = PkiInputs {
+            ca,
+            ..PkiInputs::default()
+        };
+        Self::generate_with(
+            inputs,
+            address,
+            extra_dns,
+            crate::control_plane::FIRST_SERVICE_IP,
+        )
+    }
+
+    /// A PKI around `inputs`, for an API server reachable at `address` plus `extra_dns` whose
+    /// `kubernetes` Service has the ClusterIP `service_ip`.
+    pub fn generate_with(
+        inputs: PkiInputs,
+        address: IpAddr,
+        extra_dns: &[String],
+        service_ip: IpAddr,
+    ) -> Result<Self, Error> {
+        let ca = match inputs.ca {
             Some(ca) => ca,
             None => CertificateAuthority::generate("kontinuum-testbed-ca")?,
         };
@@ -144,20 +235,40 @@ impl Pki {
         .map(ToString::to_string)
         .collect();
         dns.extend(extra_dns.iter().cloned());
-        let mut ips = vec![address, crate::control_plane::FIRST_SERVICE_IP];
+        let mut ips = vec![address, service_ip];
         let localhost = IpAddr::from([127, 0, 0, 1]);
         if address != localhost {
             ips.push(localhost);
         }
         let apiserver = ca.server("kube-apiserver", &ips, &dns)?;
         let admin = ca.client("admin", Some("system:masters"))?;
-        let sa = KeyPair::generate().map_err(pki_err("generating service-account key"))?;
+        let sa = match &inputs.service_account_key_pem {
+            Some(pem) => KeyPair::from_pem(pem).map_err(pki_err("parsing service-account key"))?,
+            None => KeyPair::generate().map_err(pki_err("generating service-account key"))?,
+        };
+        let etcd = match inputs.etcd_ca {
+            Some(etcd_ca) => Some(EtcdPki {
+                server: etcd_ca.server_and_client("etcd", &ips, &["localhost".to_owned()])?,
+                apiserver_client: etcd_ca.client("kube-apiserver-etcd-client", None)?,
+                ca_pem: etcd_ca.cert_pem,
+            }),
+            None => None,
+        };
+        let front_proxy = match inputs.aggregator_ca {
+            Some(aggregator_ca) => Some(FrontProxyPki {
+                client: aggregator_ca.client("front-proxy-client", None)?,
+                ca_pem: aggregator_ca.cert_pem,
+            }),
+            None => None,
+        };
         Ok(Self {
             ca,
             apiserver,
             admin,
             sa_key_pem: sa.serialize_pem(),
             sa_pub_pem: sa.public_key_pem(),
+            etcd,
+            front_proxy,
         })
     }
 }
@@ -259,6 +370,51 @@ mod tests {
             .unwrap()
             .verify_signature(Some(ca_cert.public_key()))
             .unwrap();
+    }
+
+    #[test]
+    fn given_etcd_and_aggregator_cas_and_signing_key_are_used() {
+        let etcd_ca = CertificateAuthority::generate("etcd").unwrap();
+        let aggregator_ca = CertificateAuthority::generate("aggregator").unwrap();
+        let sa = KeyPair::generate().unwrap();
+        let inputs = PkiInputs {
+            ca: None,
+            service_account_key_pem: Some(sa.serialize_pem()),
+            etcd_ca: Some(etcd_ca.clone()),
+            aggregator_ca: Some(aggregator_ca.clone()),
+        };
+        let service_ip = IpAddr::from([10, 112, 0, 1]);
+        let pki =
+            Pki::generate_with(inputs, IpAddr::from([127, 0, 0, 9]), &[], service_ip).unwrap();
+        assert_eq!(pki.sa_pub_pem, sa.public_key_pem());
+        let verify = |cert_pem: &str, ca_pem: &str| {
+            let ca = parse(ca_pem);
+            let ca = ca.parse_x509().unwrap();
+            let cert = parse(cert_pem);
+            let cert = cert.parse_x509().unwrap();
+            cert.verify_signature(Some(ca.public_key())).is_ok()
+        };
+        let etcd = pki.etcd.unwrap();
+        assert!(verify(&etcd.server.cert_pem, &etcd_ca.cert_pem));
+        assert!(verify(&etcd.apiserver_client.cert_pem, &etcd_ca.cert_pem));
+        let server = parse(&etcd.server.cert_pem);
+        let server = server.parse_x509().unwrap();
+        let eku = server.extended_key_usage().unwrap().unwrap().value;
+        assert!(
+            eku.server_auth && eku.client_auth,
+            "etcd peers dial with it too"
+        );
+        let proxy = pki.front_proxy.unwrap();
+        assert!(verify(&proxy.client.cert_pem, &aggregator_ca.cert_pem));
+        let apiserver = parse(&pki.apiserver.cert_pem);
+        let apiserver = apiserver.parse_x509().unwrap();
+        let san = apiserver.subject_alternative_name().unwrap().unwrap();
+        assert!(
+            san.value
+                .general_names
+                .iter()
+                .any(|n| matches!(n, GeneralName::IPAddress(b) if *b == [10, 112, 0, 1]))
+        );
     }
 
     #[test]

@@ -73,6 +73,38 @@ pub fn identity(bundle: &SecretsBundle) -> ClientIdentity {
     )
 }
 
+/// One machine at `first_address` (free Talos and API ports, no control interface), its
+/// state in a fresh directory named after `name`.
+pub fn one_machine(name: &str, first_address: Ipv4Addr) -> talos_emulator::Settings {
+    let dir = kontinuum_testbed::unique_dir(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    talos_emulator::Settings {
+        machines: 1,
+        first_address,
+        port: 0,
+        api_port: 0,
+        dir,
+        control_addr: None,
+    }
+}
+
+/// Applies `config` in maintenance mode, then bootstraps the machine as the cluster's
+/// `os:admin`; returns that admin's client.
+pub async fn apply_and_bootstrap(
+    addr: SocketAddr,
+    config: Vec<u8>,
+    bundle: &SecretsBundle,
+) -> TalosClient {
+    maintenance(addr)
+        .await
+        .apply_configuration(config, kontinuum_talos::ApplyMode::Auto)
+        .await
+        .unwrap();
+    let admin = configured(addr, &identity(bundle)).await;
+    admin.bootstrap().await.unwrap();
+    admin
+}
+
 /// The IPv4 address of a machine's socket address.
 pub fn ip(addr: SocketAddr) -> Ipv4Addr {
     match addr.ip() {
