@@ -73,8 +73,7 @@ pub struct ControlPlaneConfig {
     /// The Service CIDR, IPv4 (`None`: `10.96.0.0/16`); the `kubernetes` Service gets its
     /// first address.
     pub service_cidr: Option<String>,
-    /// The pod CIDR, IPv4 (`None`: `10.244.0.0/16`): KWOK's pod addresses and the controller
-    /// manager's cluster CIDR.
+    /// The pod CIDR, IPv4 (`None`: `10.244.0.0/16`): the addresses KWOK gives its pods.
     pub pod_cidr: Option<String>,
     /// The controller manager's cluster name (`None`: its default, `kubernetes`).
     pub cluster_name: Option<String>,
