@@ -121,6 +121,10 @@ pub enum Fault {
     /// The reboot takes no time (the control plane's start goes on, as etcd would start
     /// again from its data directory).
     RebootAfterBootstrap,
+    /// Armed, once: the next ApplyConfiguration is carried out (the machine configured,
+    /// a worker's Node registered) and answered, then the machine's Talos API refuses new
+    /// connections (as [`Fault::Refuse`]): configured, never seen joined.
+    RefuseAfterApply,
     /// Armed, once: the next ApplyConfiguration is carried out (the machine configured),
     /// then the call's connection is cut before the answer is sent.
     DropAfterApply,
@@ -392,6 +396,9 @@ pub(crate) async fn inject(shared: &Shared, address: &str, fault: Fault) -> Resu
         Fault::DropAfterApply => machine
             .faults
             .send_modify(|f| f.after_apply = Some(machine::After::Drop)),
+        Fault::RefuseAfterApply => machine
+            .faults
+            .send_modify(|f| f.after_apply = Some(machine::After::Refuse)),
     }
     Ok(())
 }

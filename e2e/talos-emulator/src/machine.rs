@@ -211,6 +211,8 @@ pub(crate) enum After {
     Reboot,
     /// Cut this call's connection.
     Drop,
+    /// Answer, then refuse new connections.
+    Refuse,
 }
 
 /// Which call an armed fault point follows.
@@ -669,6 +671,10 @@ impl Machine {
                 connection.cut.cut();
             }
             After::Drop => connection.cut.cut(),
+            After::Refuse => {
+                self.faults.send_modify(|f| f.refuse = true);
+                return;
+            }
         }
         // The transport is closing: the caller never gets an answer. Bounded, so a call whose
         // connection somehow lives on still ends.

@@ -27,6 +27,7 @@ use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
+use futures::StreamExt as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -820,18 +821,29 @@ async fn configure_control_plane(
     target: &Target,
 ) -> Result<Step<bool>, Error> {
     let mut all = true;
-    for member in world.usable_control_plane() {
-        if member.configured {
-            continue;
-        }
-        let Err(err) = configure(run, target, member).await else {
+    let pending: Vec<&Member> = world
+        .usable_control_plane()
+        .into_iter()
+        .filter(|m| !m.configured)
+        .collect();
+    // Every outcome is recorded before the endpoint's failure, if any, decides the pass.
+    let mut endpoint_failed = None;
+    for (member, sent) in send_configs(run.ctx, target, &pending).await {
+        let Err(err) = record_config(run, member, sent).await else {
             continue;
         };
-        if member.name != target.endpoint.name {
+        if member.name == target.endpoint.name {
+            endpoint_failed = Some((member, err));
+        } else {
             warn!(instance = %member.name, error = &err as &dyn std::error::Error, "configuring a control-plane member failed; retrying");
             all = false;
-            continue;
         }
+    }
+    if !pending.is_empty() {
+        // Progress as it happens: what was configured is on record before Bootstrap.
+        run.flush().await?;
+    }
+    if let Some((member, err)) = endpoint_failed {
         let failed = plan::endpoint_config_failed(
             identity_refused(&err),
             config_refused(&err),
@@ -1061,11 +1073,15 @@ async fn workers(run: &mut Run<'_>, world: &World, target: &Target) -> Result<bo
     }
     let workers = world.usable_workers();
     let mut all = true;
-    for worker in workers.iter().filter(|w| !w.configured) {
-        if let Err(err) = configure(run, target, worker).await {
+    let pending: Vec<&Member> = workers.iter().filter(|w| !w.configured).collect();
+    for (worker, sent) in send_configs(run.ctx, target, &pending).await {
+        if let Err(err) = record_config(run, worker, sent).await {
             warn!(instance = %worker.name, error = &err as &dyn std::error::Error, "configuring a worker failed; retrying");
             all = false;
         }
+    }
+    if !pending.is_empty() {
+        run.flush().await?;
     }
     let refs: Vec<&Member> = workers.iter().collect();
     all &= join_members(run, &target.identity, &refs, false).await;
@@ -1153,11 +1169,39 @@ fn set_addons(run: &mut Run<'_>, addons: &[Arc<Addon>], control_plane_ready: boo
 /// Applies `member`'s config in maintenance mode. If maintenance mode no longer answers,
 /// the machine may have been configured by an earlier attempt whose result was lost: a
 /// configured-mode Version with this cluster's admin identity proves it.
-async fn configure(run: &mut Run<'_>, target: &Target, member: &Member) -> Result<(), Error> {
-    let result = match machines::machine_config(&target.input, &target.bundle, member) {
-        Ok(config) => apply_config(run.ctx, target, member, config).await,
-        Err(err) => Err(err),
-    };
+/// The Talos side of configuring `member`: its config rendered and sent over the pinned
+/// maintenance connection, each call bounded by the dialer's timeouts.
+async fn send_config(ctx: &Ctx, target: &Target, member: &Member) -> Result<(), Error> {
+    let config = machines::machine_config(&target.input, &target.bundle, member)?;
+    apply_config(ctx, target, member, config).await
+}
+
+/// Configures `members` at once (at most [`crate::MEMBER_CONCURRENCY`] calls in flight), so
+/// a machine that hangs holds up no other; the outcomes come back in `members`' order.
+async fn send_configs<'m>(
+    ctx: &Ctx,
+    target: &Target,
+    members: &[&'m Member],
+) -> Vec<(&'m Member, Result<(), Error>)> {
+    // The futures are made up front: a closure inside the stream would make the
+    // reconcile's future not provably `Send` (a known limit of higher-ranked inference).
+    let calls: Vec<_> = members
+        .iter()
+        .map(|&member| async move { (member, send_config(ctx, target, member).await) })
+        .collect();
+    futures::stream::iter(calls)
+        .buffered(crate::MEMBER_CONCURRENCY)
+        .collect()
+        .await
+}
+
+/// Records how configuring `member` ended: `Configured` (and the member in
+/// `status.configuredInstances`, with an Event), or why not.
+async fn record_config(
+    run: &mut Run<'_>,
+    member: &Member,
+    result: Result<(), Error>,
+) -> Result<(), Error> {
     if let Err(err) = result {
         config_failed(run, member, &err).await;
         return Err(err);
@@ -1278,8 +1322,11 @@ fn member_reason_is(run: &Run<'_>, name: &str, c: ICond, reason: IReason) -> boo
 }
 
 /// The Talos cluster health check through the endpoint, over the usable control planes
-/// and the joined workers (Talos checks exactly the nodes it is given). A failure names
-/// what the check was still waiting for, from its progress messages.
+/// and the workers that were sent their config (Talos checks exactly the nodes it is
+/// given, and a configured worker registers its Node before it is seen `Joined`: leaving it
+/// out would fail the check on an unexpected node, and keep the workers waiting for a
+/// control plane that never gets ready). A failure names what the check was still
+/// waiting for, from its progress messages.
 async fn health_check(
     ctx: &Ctx,
     target: &Target,
@@ -1290,7 +1337,7 @@ async fn health_check(
         ms.filter_map(|m| m.address.clone()).collect()
     };
     let nodes = addresses(&mut control_plane.iter().copied());
-    let workers = addresses(&mut workers.iter().filter(|w| w.joined));
+    let workers = addresses(&mut workers.iter().filter(|w| w.configured || w.joined));
     let mut progress = Vec::new();
     let checked = async {
         let client = ctx
@@ -1317,19 +1364,37 @@ async fn join_members(
     members: &[&Member],
     healthy_control_plane: bool,
 ) -> bool {
-    let mut all = true;
-    for member in members {
-        let configured = member.configured
+    let configured = |run: &Run<'_>, member: &Member| {
+        member.configured
             || run
                 .members
                 .get(&member.name)
-                .is_some_and(|(_, d)| conditions::is_true(d, ICond::Configured));
-        if !configured {
+                .is_some_and(|(_, d)| conditions::is_true(d, ICond::Configured))
+    };
+    // Every configured member not yet joined is asked at once (bounded), so one that does
+    // not answer holds up no other.
+    let ctx = run.ctx;
+    let asked: Vec<&Member> = members
+        .iter()
+        .copied()
+        .filter(|m| !m.joined && configured(run, m))
+        .collect();
+    let calls: Vec<_> = asked
+        .into_iter()
+        .map(|m| async move { (m.name.clone(), configured_version(ctx, m, identity).await) })
+        .collect();
+    let mut answers: BTreeMap<String, Result<kontinuum_talos::Version, String>> =
+        futures::stream::iter(calls)
+            .buffered(crate::MEMBER_CONCURRENCY)
+            .collect()
+            .await;
+    let mut all = true;
+    for member in members {
+        if !configured(run, member) {
             all = false;
             continue;
         }
-        if !member.joined {
-            let answer = configured_version(run.ctx, member, identity).await;
+        if let Some(answer) = answers.remove(&member.name) {
             let answer = match &answer {
                 Ok(v) => Ok((v.rbac, v.tag.as_str())),
                 Err(err) => Err(err.as_str()),

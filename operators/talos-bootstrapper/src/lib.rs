@@ -52,6 +52,10 @@ use kube::{Api, Client};
 /// The controller's name.
 pub const CONTROLLER: &str = "talos-bootstrapper";
 /// Field manager of everything this operator writes.
+/// At most this many machines of one cluster are called at once (configuring, asking
+/// whether they joined): each call is bounded by the Talos timeouts, and a machine that
+/// hangs holds up no other.
+pub const MEMBER_CONCURRENCY: usize = 8;
 pub const FIELD_MANAGER: &str = "talos-bootstrapper.kontinuum.sh";
 /// Steady-state resync, a safety net for missed watch events.
 pub const RESYNC: Duration = Duration::from_secs(600);

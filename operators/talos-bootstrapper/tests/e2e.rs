@@ -79,6 +79,35 @@ fn addr(first: Ipv4Addr, i: u8) -> Ipv4Addr {
     Ipv4Addr::new(a, b, c, i)
 }
 
+/// Creates one Instance per `(name, role)`, at consecutive addresses from `first`.
+async fn create_instances(client: &Client, ns: &str, first: Ipv4Addr, machines: &[(&str, &str)]) {
+    for (i, (name, role)) in (1u8..).zip(machines) {
+        create_instance(client, ns, name, addr(first, i), role)
+            .await
+            .unwrap();
+    }
+}
+
+/// Waits until each `(condition, status)` of `want` holds on Instance `name`.
+async fn wait_member(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    want: &[(&str, &str)],
+    limit: Duration,
+) {
+    eventually(limit, &format!("{name}: {want:?}"), || async {
+        let Some(i) = instance(client, ns, name).await else {
+            return Ok(false);
+        };
+        Ok(want
+            .iter()
+            .all(|(type_, status)| condition(&i, type_).is_some_and(|c| c.0 == *status)))
+    })
+    .await
+    .unwrap();
+}
+
 async fn addon_names(client: &Client, ns: &str) -> Vec<String> {
     let mut names: Vec<String> = Api::<Addon>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
@@ -1026,11 +1055,7 @@ async fn three_control_planes_and_two_workers_reach_ready_and_a_lost_member_is_n
         ("w-1", "worker"),
         ("w-2", "worker"),
     ];
-    for (i, (name, role)) in (1u8..).zip(machines) {
-        create_instance(&client, &ns, name, addr(first, i), role)
-            .await
-            .unwrap();
-    }
+    create_instances(&client, &ns, first, &machines).await;
     let args = [
         "--health-check-interval-seconds",
         "1",
@@ -1086,6 +1111,151 @@ async fn three_control_planes_and_two_workers_reach_ready_and_a_lost_member_is_n
         .await
         .unwrap();
     wait_cluster(&client, &ns, "eu-ha", "Ready", "True", LIMIT)
+        .await
+        .unwrap();
+    emu.shutdown().await;
+}
+
+/// The machines of one cluster are called at once: a worker whose Talos API hangs holds up
+/// no other. Called one after the other, w-2's ApplyConfiguration would start only once
+/// w-1's had timed out; here it starts while w-1's still hangs (the emulator's call
+/// records), and both are configured once w-1 answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_worker_holds_up_no_other() {
+    let _heavy = HEAVY.lock().await;
+    let first = Ipv4Addr::new(127, 84, 0, 1);
+    let (client, shared, ns, emu, _) = rig("tb-hung", first, 3).await;
+    let machines = [("cp-1", "cp"), ("w-1", "worker"), ("w-2", "worker")];
+    create_instances(&client, &ns, first, &machines).await;
+    let args = ["--talos-rpc-timeout-seconds", "15"];
+    let (_operators, _) = start_operators(&client, shared, &ns, bin(), &args)
+        .await
+        .unwrap();
+    let _addons = AddonsReady::start(client.clone(), ns.clone());
+    create_cluster(&client, &ns, "eu-1h", 1, 2, true)
+        .await
+        .unwrap();
+    // Once claimed (a claimed Instance is no longer probed), w-1 stops answering, before
+    // the control plane is ready and any worker is configured.
+    eventually(LIMIT, "both workers claimed", || async {
+        for w in ["w-1", "w-2"] {
+            if instance(&client, &ns, w)
+                .await
+                .is_none_or(|i| !i.labels().contains_key(CLAIMED_BY))
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })
+    .await
+    .unwrap();
+    let w1 = addr(first, 2);
+    emu.inject(w1, Fault::Hang { seconds: 600 }).await.unwrap();
+    let applies = |address| {
+        emu.calls(address)
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.rpc == "ApplyConfiguration")
+            .collect::<Vec<_>>()
+    };
+    assert!(applies(w1).is_empty(), "no worker configured yet");
+
+    wait_member(&client, &ns, "w-2", &[("Configured", "True")], LIMIT * 2).await;
+    let hung = applies(w1)
+        .into_iter()
+        .next()
+        .expect("w-1 was sent its config");
+    let sent = applies(addr(first, 3))
+        .into_iter()
+        .find(|c| c.ok == Some(true))
+        .expect("w-2's config applied");
+    assert!(
+        sent.started_ms < hung.ended_ms.unwrap_or(u64::MAX),
+        "w-2's config went out while w-1's call hung: w-1 {hung:?}, w-2 {sent:?}"
+    );
+
+    emu.inject(w1, Fault::Clear).await.unwrap();
+    let joined = [("Configured", "True"), ("Joined", "True")];
+    wait_member(&client, &ns, "w-1", &joined, LIMIT * 2).await;
+    wait_cluster(&client, &ns, "eu-1h", "Ready", "True", LIMIT)
+        .await
+        .unwrap();
+    emu.shutdown().await;
+}
+
+/// A worker that was sent its config registers its Node before it is seen `Joined`, so the
+/// health check lists it. Here w-1's Talos API refuses right after its config is applied
+/// (never seen joined) while its Node is up: the checks, one a second, keep passing. Left
+/// out, each would fail on an unexpected node, and the control plane would never be ready
+/// again for the workers to be asked (a deadlock the random-kill test once hit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_worker_not_seen_joined_is_in_the_health_check() {
+    let _heavy = HEAVY.lock().await;
+    let first = Ipv4Addr::new(127, 89, 0, 1);
+    let (client, shared, ns, emu, _) = rig("tb-unjoined", first, 2).await;
+    create_instances(&client, &ns, first, &[("cp-1", "cp"), ("w-1", "worker")]).await;
+    let w1 = addr(first, 2);
+    emu.inject(w1, Fault::RefuseAfterApply).await.unwrap();
+    let args = [
+        "--health-check-interval-seconds",
+        "1",
+        "--health-check-timeout-seconds",
+        "5",
+    ];
+    let (_operators, _) = start_operators(&client, shared, &ns, bin(), &args)
+        .await
+        .unwrap();
+    let _addons = AddonsReady::start(client.clone(), ns.clone());
+    create_cluster(&client, &ns, "eu-1u", 1, 1, true)
+        .await
+        .unwrap();
+    eventually(LIMIT * 2, "w-1 configured, its join unanswered", || async {
+        let Some(i) = instance(&client, &ns, "w-1").await else {
+            return Ok(false);
+        };
+        Ok(condition(&i, "Configured").is_some_and(|c| c.0 == "True")
+            && condition(&i, "Joined") == Some(("Unknown".into(), "TalosApiUnreachable".into())))
+    })
+    .await
+    .unwrap();
+    assert_eq!(emu.fired_faults(w1), Some(1));
+    let configured_at = emu
+        .calls(w1)
+        .unwrap()
+        .into_iter()
+        .find(|c| c.rpc == "ApplyConfiguration" && c.ok == Some(true))
+        .and_then(|c| c.ended_ms)
+        .expect("w-1's config applied");
+    let checks_since = || {
+        emu.calls(first)
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.rpc == "HealthCheck" && c.started_ms > configured_at && c.ok.is_some())
+            .collect::<Vec<_>>()
+    };
+    eventually(
+        LIMIT,
+        "three health checks since w-1 was configured",
+        || async { Ok(checks_since().len() >= 3) },
+    )
+    .await
+    .unwrap();
+    let failed: Vec<_> = checks_since()
+        .into_iter()
+        .filter(|c| c.ok != Some(true))
+        .collect();
+    assert!(failed.is_empty(), "failed health checks: {failed:?}");
+    assert_eq!(
+        cluster_condition(&client, &ns, "eu-1u", "ControlPlaneReady")
+            .await
+            .map(|c| c.0),
+        Some("True".into())
+    );
+
+    emu.inject(w1, Fault::Clear).await.unwrap();
+    wait_member(&client, &ns, "w-1", &[("Joined", "True")], LIMIT).await;
+    wait_cluster(&client, &ns, "eu-1u", "Ready", "True", LIMIT)
         .await
         .unwrap();
     emu.shutdown().await;
