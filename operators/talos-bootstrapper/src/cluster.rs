@@ -48,7 +48,7 @@ use kontinuum_operator_common::error::{chain, forbidden, retry_after_backoff};
 use kontinuum_operator_common::finalizer;
 use kontinuum_operator_common::shutdown::Shutdown;
 use kontinuum_operator_common::status::apply_status;
-use kontinuum_talos::{ApplyMode, ClientIdentity, ErrorKind};
+use kontinuum_talos::{ClientIdentity, ErrorKind};
 use kontinuum_talos_config::{SecretsBundle, TalosVersion};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -903,19 +903,7 @@ async fn bootstrap_once(run: &mut Run<'_>, target: &Target) -> Result<Step<()>, 
     }
     run.apply_sets([plan::bootstrap_intent(&endpoint.name)]);
     run.flush().await?;
-    let outcome = async {
-        let client = ctx
-            .settings
-            .dialer
-            .configured(endpoint, &target.identity)
-            .await?;
-        ctx.metrics.external_call("talos", "Bootstrap");
-        client
-            .bootstrap()
-            .await
-            .map_err(Error::talos(&endpoint.name))
-    }
-    .await;
+    let outcome = ctx.machines.bootstrap(endpoint, &target.identity).await;
     match outcome {
         Ok(outcome) => {
             info!(instance = %endpoint.name, ?outcome, "etcd bootstrapped");
@@ -992,18 +980,9 @@ async fn kubeconfig(
 }
 
 async fn fetch_kubeconfig(ctx: &Ctx, target: &Target) -> Result<Vec<u8>, Error> {
-    let endpoint = &target.endpoint;
-    let client = ctx
-        .settings
-        .dialer
-        .configured(endpoint, &target.identity)
-        .await?;
-    ctx.metrics.external_call("talos", "Kubeconfig");
-    client
-        .kubeconfig()
+    ctx.machines
+        .kubeconfig(&target.endpoint, &target.identity)
         .await
-        .map(kontinuum_talos::Kubeconfig::into_bytes)
-        .map_err(Error::talos(&endpoint.name))
 }
 
 /// `ControlPlaneReady`: Cilium `Ready` and the Talos health check passing (again every
@@ -1116,11 +1095,7 @@ async fn reset_released(run: &mut Run<'_>, members: &Members, target: &Target) -
             continue;
         };
         let member = Member::from_instance(&instance, "", Role::Worker);
-        let reset = ctx
-            .settings
-            .dialer
-            .reset(&member, identity, true, &ctx.metrics)
-            .await;
+        let reset = machines::reset(ctx.machines.as_ref(), &member, identity, true).await;
         let cleared = match reset {
             Ok(_) => write_member_conditions(&api, &name, &[]).await,
             Err(err) => Err(err),
@@ -1172,8 +1147,11 @@ fn set_addons(run: &mut Run<'_>, addons: &[Arc<Addon>], control_plane_ready: boo
 /// The Talos side of configuring `member`: its config rendered and sent over the pinned
 /// maintenance connection, each call bounded by the dialer's timeouts.
 async fn send_config(ctx: &Ctx, target: &Target, member: &Member) -> Result<(), Error> {
+    // Pinned: a machine config (a control plane's holds every cluster CA key) goes only to
+    // the machine that was discovered; the handshake proves its key first.
     let config = machines::machine_config(&target.input, &target.bundle, member)?;
-    apply_config(ctx, target, member, config).await
+    let bytes = config.expose().as_bytes();
+    machines::apply_config(ctx.machines.as_ref(), member, &target.identity, bytes).await
 }
 
 /// Configures `members` at once (at most [`crate::MEMBER_CONCURRENCY`] calls in flight), so
@@ -1227,47 +1205,6 @@ async fn record_config(
         .normal(&reference, reason, "Configure", message)
         .await;
     Ok(())
-}
-
-/// Sends `config` over the pinned maintenance connection; on failure, asks whether an
-/// earlier attempt already configured the machine.
-async fn apply_config(
-    ctx: &Ctx,
-    target: &Target,
-    member: &Member,
-    config: kontinuum_talos_config::MachineConfig,
-) -> Result<(), Error> {
-    let dialer = ctx.settings.dialer;
-    let talos = |source| Error::Talos {
-        instance: member.name.clone(),
-        source,
-    };
-    let applied = async {
-        // Pinned: a machine config (a control plane's holds every cluster CA key) goes only
-        // to the machine that was discovered; the handshake proves its key first.
-        let client = dialer.maintenance_pinned(member).await?;
-        ctx.metrics.external_call("talos", "ApplyConfiguration");
-        let bytes = config.expose().as_bytes().to_vec();
-        client
-            .apply_configuration(bytes, ApplyMode::Reboot)
-            .await
-            .map_err(talos)
-    }
-    .await;
-    let Err(err) = applied else {
-        return Ok(());
-    };
-    // Already ours? (an earlier apply whose answer or status write was lost)
-    let ours = async {
-        let client = dialer.configured(member, &target.identity).await?;
-        ctx.metrics.external_call("talos", "Version");
-        client.version().await.map_err(talos)
-    }
-    .await;
-    match ours {
-        Ok(v) if v.rbac => Ok(()),
-        _ => Err(err),
-    }
 }
 
 /// Records why `member` could not be configured, with a Warning Event when another machine
@@ -1338,21 +1275,10 @@ async fn health_check(
     };
     let nodes = addresses(&mut control_plane.iter().copied());
     let workers = addresses(&mut workers.iter().filter(|w| w.configured || w.joined));
-    let mut progress = Vec::new();
-    let checked = async {
-        let client = ctx
-            .settings
-            .dialer
-            .configured(&target.endpoint, &target.identity)
-            .await?;
-        ctx.metrics.external_call("talos", "HealthCheck");
-        let wait = ctx.settings.dialer.health_wait;
-        client
-            .health_check(wait, &nodes, &workers, |m| progress.push(m.to_owned()))
-            .await
-            .map_err(Error::talos(&target.endpoint.name))
-    }
-    .await;
+    let (checked, progress) = ctx
+        .machines
+        .health_check(&target.endpoint, &target.identity, &nodes, &workers)
+        .await;
     checked.map_err(|err| plan::health_failure(&progress, &chain(&err)))
 }
 
@@ -1427,13 +1353,10 @@ async fn configured_version(
     member: &Member,
     identity: &ClientIdentity,
 ) -> Result<kontinuum_talos::Version, String> {
-    let answered = async {
-        let client = ctx.settings.dialer.configured(member, identity).await?;
-        ctx.metrics.external_call("talos", "Version");
-        client.version().await.map_err(Error::talos(&member.name))
-    }
-    .await;
-    answered.map_err(|e| chain(&e))
+    ctx.machines
+        .version(member, identity)
+        .await
+        .map_err(|e| chain(&e))
 }
 
 /// Creates `object` (owned by the cluster) unless an object of its name exists; a creation

@@ -34,19 +34,14 @@ pub async fn api_server_answers(
     endpoint: &Member,
     identity: &ClientIdentity,
 ) -> Result<(), Error> {
-    let talos = ctx.settings.dialer.configured(endpoint, identity).await?;
-    ctx.metrics.external_call("talos", "Kubeconfig");
-    let kubeconfig = talos
-        .kubeconfig()
-        .await
-        .map_err(Error::talos(&endpoint.name))?;
+    let kubeconfig = ctx.machines.kubeconfig(endpoint, identity).await?;
     let unusable = |reason: String| {
         Error::Downstream(Box::new(DownstreamError::Kubeconfig {
             instance: endpoint.name.clone(),
             reason,
         }))
     };
-    let text = String::from_utf8(kubeconfig.into_bytes()).map_err(|e| unusable(e.to_string()))?;
+    let text = String::from_utf8(kubeconfig).map_err(|e| unusable(e.to_string()))?;
     let parsed = Kubeconfig::from_yaml(&text).map_err(|e| unusable(e.to_string()))?;
     let bound = ctx.settings.dialer.timeouts.rpc;
     let mut config = Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())

@@ -8,7 +8,8 @@
 //!   `Deleting`), its Secrets `taloscluster-<name>` (keys `secrets-bundle`, created once and
 //!   never regenerated, and `talosconfig`; read by this operator alone) and
 //!   `taloscluster-<name>-kubeconfig` (key `kubeconfig` only, `status.secretRef`), the built-in Addons `<cluster>-<release>` it seeds,
-//!   the Instance conditions `Configured`, `Joined` and `Ready` of its members, and the
+//!   the Instance conditions `Configured`, `Joined` and (control planes) `Healthy` of its
+//!   members, and the
 //!   finalizer `kontinuum.sh/talos-bootstrapper` (teardown: reset workers, then the control
 //!   plane, then release or delete the Instances). Field manager
 //!   `talos-bootstrapper.kontinuum.sh`. Triggered by TalosCluster changes and by changes of
@@ -52,11 +53,11 @@ use kube::{Api, Client};
 /// The controller's name.
 pub const CONTROLLER: &str = "talos-bootstrapper";
 /// Field manager of everything this operator writes.
+pub const FIELD_MANAGER: &str = "talos-bootstrapper.kontinuum.sh";
 /// At most this many machines of one cluster are called at once (configuring, asking
 /// whether they joined): each call is bounded by the Talos timeouts, and a machine that
 /// hangs holds up no other.
 pub const MEMBER_CONCURRENCY: usize = 8;
-pub const FIELD_MANAGER: &str = "talos-bootstrapper.kontinuum.sh";
 /// Steady-state resync, a safety net for missed watch events.
 pub const RESYNC: Duration = Duration::from_secs(600);
 
@@ -90,6 +91,8 @@ pub struct Ctx {
     pub clusters: Store<TalosCluster>,
     /// Settings.
     pub settings: Settings,
+    /// Every Talos call goes through this.
+    pub machines: Arc<dyn machines::Machines>,
     /// Reconcile metrics.
     pub metrics: Arc<ControllerMetrics>,
     /// Event publisher.
@@ -307,12 +310,17 @@ pub async fn run(
     )
     .applied_objects();
 
+    let machines = Arc::new(machines::Network {
+        dialer: settings.dialer,
+        metrics: Arc::clone(&metrics),
+    });
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         instances,
         addons,
         clusters,
         settings,
+        machines,
         metrics,
         events,
         backoff,

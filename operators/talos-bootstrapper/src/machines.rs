@@ -1,10 +1,16 @@
 //! Talos calls of the bootstrapper, each bounded by the client's timeouts: the secrets
-//! bundle and admin identity, machine configs, and the maintenance- and configured-mode
-//! connections.
+//! bundle and admin identity, machine configs, the maintenance- and configured-mode
+//! connections, and [`Machines`], the one door every call goes through.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-use kontinuum_talos::{ClientIdentity, Endpoint, ErrorKind, ResetOptions, TalosClient, Timeouts};
+use kontinuum_talos::{
+    ApplyMode, BootstrapOutcome, ClientIdentity, Endpoint, ErrorKind, ResetOptions, TalosClient,
+    Timeouts, Version,
+};
 use kontinuum_talos_config::{
     ConfigInput, MachineConfig, MachineType, SecretsBundle, TalosVersion, admin_talosconfig,
     render_machine_config,
@@ -81,39 +87,210 @@ pub enum ResetDone {
     AlreadyInMaintenance,
 }
 
-impl Dialer {
-    /// Resets `member` to maintenance mode (STATE and EPHEMERAL wiped, reboot), dialled
-    /// directly as `os:admin`. If that fails, a machine that answers in maintenance mode
-    /// counts as reset.
-    pub async fn reset(
-        &self,
-        member: &Member,
-        identity: &ClientIdentity,
+/// A Talos call in flight.
+pub type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;
+
+/// A health check in flight: its outcome, and the progress messages it reported.
+pub type HealthCall<'a> =
+    Pin<Box<dyn Future<Output = (Result<(), Error>, Vec<String>)> + Send + 'a>>;
+
+/// Every Talos call the bootstrapper makes, one method per RPC, each bounded by its
+/// implementation's timeouts: [`Network`] makes them over the wire; the unit tests script
+/// them. The decisions around the calls (a failed apply that already took effect, a reset
+/// machine found in maintenance mode) are the functions below, written once over this.
+pub trait Machines: Send + Sync {
+    /// ApplyConfiguration (mode REBOOT) over the maintenance connection pinned to the
+    /// member's identity: nothing is sent to another machine.
+    fn apply<'a>(&'a self, member: &'a Member, config: &'a [u8]) -> Call<'a, ()>;
+    /// Version in maintenance mode (no client certificate).
+    fn maintenance_version<'a>(&'a self, member: &'a Member) -> Call<'a, Version>;
+    /// Version as the cluster's `os:admin`.
+    fn version<'a>(&'a self, member: &'a Member, identity: &'a ClientIdentity)
+    -> Call<'a, Version>;
+    /// Bootstrap (etcd) on the endpoint member.
+    fn bootstrap<'a>(
+        &'a self,
+        endpoint: &'a Member,
+        identity: &'a ClientIdentity,
+    ) -> Call<'a, BootstrapOutcome>;
+    /// The admin kubeconfig the control plane hands out.
+    fn kubeconfig<'a>(
+        &'a self,
+        endpoint: &'a Member,
+        identity: &'a ClientIdentity,
+    ) -> Call<'a, Vec<u8>>;
+    /// The cluster health check through `endpoint`, over exactly these nodes.
+    fn health_check<'a>(
+        &'a self,
+        endpoint: &'a Member,
+        identity: &'a ClientIdentity,
+        control_plane: &'a [String],
+        workers: &'a [String],
+    ) -> HealthCall<'a>;
+    /// Reset to maintenance mode (STATE and EPHEMERAL wiped, reboot).
+    fn reset<'a>(
+        &'a self,
+        member: &'a Member,
+        identity: &'a ClientIdentity,
         graceful: bool,
-        metrics: &ControllerMetrics,
-    ) -> Result<ResetDone, Error> {
-        let attempt = async {
-            let client = self.configured(member, identity).await?;
-            metrics.external_call("talos", "Reset");
+    ) -> Call<'a, ()>;
+}
+
+/// [`Machines`] over the network: each call dials the machine (bounded by the dialer's
+/// timeouts) and is counted in `kontinuum_talos_bootstrapper_external_calls_total` once the
+/// connection stands.
+pub struct Network {
+    /// How machines are dialled.
+    pub dialer: Dialer,
+    /// Where calls are counted.
+    pub metrics: Arc<ControllerMetrics>,
+}
+
+impl Network {
+    fn count(&self, rpc: &str) {
+        self.metrics.external_call("talos", rpc);
+    }
+}
+
+impl Machines for Network {
+    fn apply<'a>(&'a self, member: &'a Member, config: &'a [u8]) -> Call<'a, ()> {
+        Box::pin(async move {
+            let client = self.dialer.maintenance_pinned(member).await?;
+            self.count("ApplyConfiguration");
+            client
+                .apply_configuration(config.to_vec(), ApplyMode::Reboot)
+                .await
+                .map(|_| ())
+                .map_err(Error::talos(&member.name))
+        })
+    }
+
+    fn maintenance_version<'a>(&'a self, member: &'a Member) -> Call<'a, Version> {
+        Box::pin(async move {
+            let client = self.dialer.maintenance(member).await?;
+            self.count("Version");
+            client.version().await.map_err(Error::talos(&member.name))
+        })
+    }
+
+    fn version<'a>(
+        &'a self,
+        member: &'a Member,
+        identity: &'a ClientIdentity,
+    ) -> Call<'a, Version> {
+        Box::pin(async move {
+            let client = self.dialer.configured(member, identity).await?;
+            self.count("Version");
+            client.version().await.map_err(Error::talos(&member.name))
+        })
+    }
+
+    fn bootstrap<'a>(
+        &'a self,
+        endpoint: &'a Member,
+        identity: &'a ClientIdentity,
+    ) -> Call<'a, BootstrapOutcome> {
+        Box::pin(async move {
+            let client = self.dialer.configured(endpoint, identity).await?;
+            self.count("Bootstrap");
+            client
+                .bootstrap()
+                .await
+                .map_err(Error::talos(&endpoint.name))
+        })
+    }
+
+    fn kubeconfig<'a>(
+        &'a self,
+        endpoint: &'a Member,
+        identity: &'a ClientIdentity,
+    ) -> Call<'a, Vec<u8>> {
+        Box::pin(async move {
+            let client = self.dialer.configured(endpoint, identity).await?;
+            self.count("Kubeconfig");
+            client
+                .kubeconfig()
+                .await
+                .map(kontinuum_talos::Kubeconfig::into_bytes)
+                .map_err(Error::talos(&endpoint.name))
+        })
+    }
+
+    fn health_check<'a>(
+        &'a self,
+        endpoint: &'a Member,
+        identity: &'a ClientIdentity,
+        control_plane: &'a [String],
+        workers: &'a [String],
+    ) -> HealthCall<'a> {
+        Box::pin(async move {
+            let mut progress = Vec::new();
+            let checked = async {
+                let client = self.dialer.configured(endpoint, identity).await?;
+                self.count("HealthCheck");
+                client
+                    .health_check(self.dialer.health_wait, control_plane, workers, |m| {
+                        progress.push(m.to_owned());
+                    })
+                    .await
+                    .map_err(Error::talos(&endpoint.name))
+            }
+            .await;
+            (checked, progress)
+        })
+    }
+
+    fn reset<'a>(
+        &'a self,
+        member: &'a Member,
+        identity: &'a ClientIdentity,
+        graceful: bool,
+    ) -> Call<'a, ()> {
+        Box::pin(async move {
+            let client = self.dialer.configured(member, identity).await?;
+            self.count("Reset");
             client
                 .reset(&ResetOptions::to_maintenance(graceful))
                 .await
+                .map(|_| ())
                 .map_err(Error::talos(&member.name))
-        }
-        .await;
-        let Err(err) = attempt else {
-            return Ok(ResetDone::Reset);
-        };
-        let maintenance = async {
-            let client = self.maintenance(member).await?;
-            metrics.external_call("talos", "Version");
-            client.version().await.map_err(Error::talos(&member.name))
-        }
-        .await;
-        match maintenance {
-            Ok(version) if !version.rbac => Ok(ResetDone::AlreadyInMaintenance),
-            _ => Err(err),
-        }
+        })
+    }
+}
+
+/// Sends `config` to `member`; if that fails, a machine that answers this cluster's
+/// `os:admin` identity counts as configured (an earlier apply whose answer or status write
+/// was lost), and the first error stands otherwise.
+pub async fn apply_config(
+    machines: &dyn Machines,
+    member: &Member,
+    identity: &ClientIdentity,
+    config: &[u8],
+) -> Result<(), Error> {
+    let Err(err) = machines.apply(member, config).await else {
+        return Ok(());
+    };
+    match machines.version(member, identity).await {
+        Ok(v) if v.rbac => Ok(()),
+        _ => Err(err),
+    }
+}
+
+/// Resets `member` to maintenance mode, dialled directly as `os:admin`. If that fails, a
+/// machine that answers in maintenance mode counts as reset; the reset's error stands
+/// otherwise.
+pub async fn reset(
+    machines: &dyn Machines,
+    member: &Member,
+    identity: &ClientIdentity,
+    graceful: bool,
+) -> Result<ResetDone, Error> {
+    let Err(err) = machines.reset(member, identity, graceful).await else {
+        return Ok(ResetDone::Reset);
+    };
+    match machines.maintenance_version(member).await {
+        Ok(version) if !version.rbac => Ok(ResetDone::AlreadyInMaintenance),
+        _ => Err(err),
     }
 }
 
@@ -215,4 +392,257 @@ pub fn machine_config(
             source: Box::new(source),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// How a scripted call answers.
+    #[derive(Clone, Copy, Debug)]
+    enum Answer {
+        Ok,
+        /// Version answers, with RBAC on (configured) or off (maintenance mode).
+        Version {
+            rbac: bool,
+        },
+        /// Nothing answers.
+        Unreachable,
+        /// Another machine answers at the address.
+        OtherMachine,
+    }
+
+    /// Machines that answer as scripted and record what was called.
+    struct Scripted {
+        apply: Answer,
+        version: Answer,
+        maintenance_version: Answer,
+        reset: Answer,
+        calls: Mutex<Vec<&'static str>>,
+    }
+
+    impl Scripted {
+        fn new(apply: Answer, version: Answer, maintenance_version: Answer, reset: Answer) -> Self {
+            Self {
+                apply,
+                version,
+                maintenance_version,
+                reset,
+                calls: Mutex::new(Vec::new()),
+            }
+        }
+
+        fn calls(&self) -> Vec<&'static str> {
+            self.calls.lock().unwrap().clone()
+        }
+
+        fn answer<T: Send + 'static>(
+            &self,
+            rpc: &'static str,
+            member: &Member,
+            answer: Answer,
+            ok: impl FnOnce(Answer) -> Option<T>,
+        ) -> Call<'_, T> {
+            self.calls.lock().unwrap().push(rpc);
+            let instance = member.name.clone();
+            let result = match answer {
+                Answer::Unreachable => Err(Error::Talos {
+                    instance,
+                    source: kontinuum_talos::Error::ConnectTimedOut {
+                        endpoint: "192.0.2.1:50000".into(),
+                        after: Duration::from_secs(10),
+                    },
+                }),
+                Answer::OtherMachine => Err(Error::Talos {
+                    instance,
+                    source: kontinuum_talos::Error::IdentityMismatch {
+                        endpoint: "192.0.2.1:50000".into(),
+                        expected: "aa".into(),
+                        presented: "bb".into(),
+                    },
+                }),
+                other => ok(other).ok_or_else(|| Error::Talos {
+                    instance,
+                    source: kontinuum_talos::Error::InvalidNode {
+                        node: format!("{rpc} was not scripted to answer {other:?}"),
+                    },
+                }),
+            };
+            Box::pin(async move { result })
+        }
+    }
+
+    fn version(answer: Answer) -> Option<Version> {
+        match answer {
+            Answer::Version { rbac } => Some(Version {
+                tag: "v1.13.0".into(),
+                rbac,
+                ..Version::default()
+            }),
+            _ => None,
+        }
+    }
+
+    fn unit(answer: Answer) -> Option<()> {
+        matches!(answer, Answer::Ok).then_some(())
+    }
+
+    impl Machines for Scripted {
+        fn apply<'a>(&'a self, member: &'a Member, _: &'a [u8]) -> Call<'a, ()> {
+            self.answer("ApplyConfiguration", member, self.apply, unit)
+        }
+        fn maintenance_version<'a>(&'a self, member: &'a Member) -> Call<'a, Version> {
+            self.answer(
+                "Version (maintenance)",
+                member,
+                self.maintenance_version,
+                version,
+            )
+        }
+        fn version<'a>(&'a self, member: &'a Member, _: &'a ClientIdentity) -> Call<'a, Version> {
+            self.answer("Version", member, self.version, version)
+        }
+        fn bootstrap<'a>(
+            &'a self,
+            member: &'a Member,
+            _: &'a ClientIdentity,
+        ) -> Call<'a, BootstrapOutcome> {
+            self.answer("Bootstrap", member, Answer::Ok, |_| {
+                Some(BootstrapOutcome::Bootstrapped)
+            })
+        }
+        fn kubeconfig<'a>(
+            &'a self,
+            member: &'a Member,
+            _: &'a ClientIdentity,
+        ) -> Call<'a, Vec<u8>> {
+            self.answer("Kubeconfig", member, Answer::Ok, |_| Some(Vec::new()))
+        }
+        fn health_check<'a>(
+            &'a self,
+            _: &'a Member,
+            _: &'a ClientIdentity,
+            _: &'a [String],
+            _: &'a [String],
+        ) -> HealthCall<'a> {
+            Box::pin(async { (Ok(()), Vec::new()) })
+        }
+        fn reset<'a>(&'a self, member: &'a Member, _: &'a ClientIdentity, _: bool) -> Call<'a, ()> {
+            self.answer("Reset", member, self.reset, unit)
+        }
+    }
+
+    fn member() -> Member {
+        Member {
+            name: "m-1".into(),
+            pool: "cp".into(),
+            role: Role::ControlPlane,
+            address: Some("192.0.2.1".into()),
+            discovered: true,
+            configured: false,
+            joined: false,
+            talos_version: Some("v1.13.0".into()),
+            identity: Some("aa".into()),
+        }
+    }
+
+    fn identity() -> ClientIdentity {
+        ClientIdentity::new("ca", "cert", "key")
+    }
+
+    #[tokio::test]
+    async fn a_failed_apply_counts_only_when_the_machine_is_already_ours() {
+        use Answer::{Ok as Answered, OtherMachine, Unreachable, Version as V};
+        // (apply, admin Version) → applied?, calls made
+        let rows = [
+            (Answered, Unreachable, true, vec!["ApplyConfiguration"]),
+            // The answer was lost, the config took: the machine answers our admin.
+            (
+                Unreachable,
+                V { rbac: true },
+                true,
+                vec!["ApplyConfiguration", "Version"],
+            ),
+            (
+                Unreachable,
+                Unreachable,
+                false,
+                vec!["ApplyConfiguration", "Version"],
+            ),
+            (
+                Unreachable,
+                V { rbac: false },
+                false,
+                vec!["ApplyConfiguration", "Version"],
+            ),
+            (
+                OtherMachine,
+                Unreachable,
+                false,
+                vec!["ApplyConfiguration", "Version"],
+            ),
+        ];
+        for (apply, admin, applied, calls) in rows {
+            let machines = Scripted::new(apply, admin, Unreachable, Unreachable);
+            let result = apply_config(&machines, &member(), &identity(), b"config").await;
+            assert_eq!(
+                result.is_ok(),
+                applied,
+                "{apply:?} then {admin:?}: {result:?}"
+            );
+            assert_eq!(machines.calls(), calls, "{apply:?} then {admin:?}");
+            if let (OtherMachine, Err(err)) = (apply, &result) {
+                // The first error stands: it says another machine answers.
+                assert!(err.to_string().contains("m-1"), "{err}");
+                assert!(
+                    matches!(err, Error::Talos { source, .. } if matches!(source, kontinuum_talos::Error::IdentityMismatch { .. })),
+                    "{err:?}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_reset_counts_only_when_the_machine_is_in_maintenance_mode() {
+        use Answer::{Ok as Answered, Unreachable, Version as V};
+        // (reset, maintenance Version) → outcome, calls made
+        let rows = [
+            (Answered, Unreachable, Some(ResetDone::Reset), vec!["Reset"]),
+            (
+                Unreachable,
+                V { rbac: false },
+                Some(ResetDone::AlreadyInMaintenance),
+                vec!["Reset", "Version (maintenance)"],
+            ),
+            // Answering with RBAC on: still configured, not reset.
+            (
+                Unreachable,
+                V { rbac: true },
+                None,
+                vec!["Reset", "Version (maintenance)"],
+            ),
+            (
+                Unreachable,
+                Unreachable,
+                None,
+                vec!["Reset", "Version (maintenance)"],
+            ),
+        ];
+        for (answer, maintenance, outcome, calls) in rows {
+            let machines = Scripted::new(Unreachable, Unreachable, maintenance, answer);
+            let result = reset(&machines, &member(), &identity(), true).await;
+            assert_eq!(
+                result.as_ref().ok().copied(),
+                outcome,
+                "{answer:?} then {maintenance:?}"
+            );
+            assert_eq!(machines.calls(), calls, "{answer:?} then {maintenance:?}");
+            if outcome.is_none() {
+                let err = result.unwrap_err();
+                assert!(unreachable(&err), "the reset's own error stands: {err:?}");
+            }
+        }
+    }
 }

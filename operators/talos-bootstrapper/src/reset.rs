@@ -213,10 +213,7 @@ async fn reset(
                 .is_some_and(|s| conditions::is_true(&s.conditions, ICond::Configured))
         });
     let graceful = crate::plan::graceful_reset(role, other_cp);
-    ctx.settings
-        .dialer
-        .reset(&member, &identity, graceful, &ctx.metrics)
-        .await?;
+    machines::reset(ctx.machines.as_ref(), &member, &identity, graceful).await?;
     Ok(())
 }
 

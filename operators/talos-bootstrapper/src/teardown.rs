@@ -172,9 +172,7 @@ impl Pass {
         };
         let others_left = self.control_planes_reset + 1 < self.control_planes;
         let graceful = plan::graceful_reset(member.role, others_left);
-        ctx.settings
-            .dialer
-            .reset(member, identity, graceful, &ctx.metrics)
+        machines::reset(ctx.machines.as_ref(), member, identity, graceful)
             .await
             .map(|_| ())
             .map_err(|e| {
