@@ -673,9 +673,9 @@ fn reaction_section(runs: &[Reactions]) -> Section {
              Addon's `Ready`, which the benchmark sets the moment the Addon appears) or the \
              previous call's answer. Millisecond wall clocks of one machine. The \
              configuration step's reaction includes reading the cluster and its Secret, \
-             rendering the machine config and the pinned TLS handshake; Bootstrap's the \
-             status write that records the intent (with the members' conditions) and an \
-             Event; Kubeconfig's the status write of `Bootstrapped`; `Ready`'s the members' \
+             rendering the machine config and the pinned TLS handshake; Bootstrap's two \
+             status writes (what was configured, with the members' conditions, then the \
+             intent) and an Event; Kubeconfig's the status write of `Bootstrapped`; `Ready`'s the members' \
              Version calls and the status write.",
         )
         .table(table)
