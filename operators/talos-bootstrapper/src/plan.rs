@@ -404,16 +404,23 @@ pub fn kubeconfig_stored(secret: &str, key: &str) -> ClusterSet {
     )
 }
 
-/// Pure: `Deleting=True/TeardownFailed` while teardown waits for `pending` machines.
+/// Pure: `Deleting=True` while teardown waits for `pending` machines: `ResettingInstances`
+/// while nothing failed (a machine still on its way to maintenance mode), `TeardownFailed`
+/// once a reset or release failed (the message has the last error).
 pub fn teardown_waiting(
     pending: usize,
     last_error: Option<&str>,
     deadline: Deadline,
 ) -> ClusterSet {
+    let reason = if last_error.is_some() {
+        Reason::TeardownFailed
+    } else {
+        Reason::ResettingInstances
+    };
     set(
         Cond::Deleting,
         ConditionStatus::True,
-        Reason::TeardownFailed,
+        reason,
         teardown_message(pending, last_error, &deadline.to_string()),
     )
 }
@@ -1269,7 +1276,10 @@ mod tests {
             ("addons waiting", vec![addons_ready(&view(false))]),
             (
                 "teardown waits",
-                vec![teardown_waiting(1, None, Deadline(t0))],
+                vec![
+                    teardown_waiting(1, None, Deadline(t0)),
+                    teardown_waiting(1, Some("refused"), Deadline(t0)),
+                ],
             ),
         ];
         let expected = [
@@ -1313,6 +1323,7 @@ mod tests {
             (Cond::ControlPlaneReady, "False", Reason::Unhealthy),
             (Cond::AddonsReady, "True", Reason::AddonsInstalled),
             (Cond::AddonsReady, "False", Reason::AddonNotHealthy),
+            (Cond::Deleting, "True", Reason::ResettingInstances),
             (Cond::Deleting, "True", Reason::TeardownFailed),
         ];
         let got: Vec<_> = cluster
@@ -1357,7 +1368,7 @@ mod tests {
         // Written elsewhere: `Forbidden` by the reconcile's RBAC report, an Event reason.
         let elsewhere = ["Forbidden", "TeardownDeadlineExceeded"];
         // Declared in the vocabulary, written by no one yet (named in the note).
-        let unused = ["ResettingInstances", "AddonInstallFailed"];
+        let unused = ["AddonInstallFailed"];
         let all: BTreeSet<&str> = TalosClusterReason::ALL.iter().map(|r| r.as_str()).collect();
         let missing: Vec<&&str> = all
             .iter()

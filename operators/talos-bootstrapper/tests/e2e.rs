@@ -737,11 +737,19 @@ async fn faults_a_hung_apply_a_restarted_emulator_and_an_unreachable_teardown() 
         .delete("eu-1c", &DeleteParams::default())
         .await
         .unwrap();
-    eventually(LIMIT, "Deleting names the deadline", || async {
-        Ok(cluster_condition(&client, &ns, "eu-1c", "Deleting")
-            .await
-            .is_some_and(|c| c.2.contains("will keep retrying until") && c.2.contains("m-1")))
-    })
+    eventually(
+        LIMIT,
+        "Deleting names the failure and the deadline",
+        || async {
+            Ok(cluster_condition(&client, &ns, "eu-1c", "Deleting")
+                .await
+                .is_some_and(|c| {
+                    c.1 == "TeardownFailed"
+                        && c.2.contains("will keep retrying until")
+                        && c.2.contains("m-1")
+                }))
+        },
+    )
     .await
     .unwrap();
     let cluster = clusters.get("eu-1c").await.unwrap();
