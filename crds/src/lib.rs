@@ -36,6 +36,7 @@ pub mod v1alpha1;
 pub mod v1alpha2;
 
 pub use crd::{RenderError, all_crds, file_name, kontinuum_crd, render};
+pub use schema::MAX_CONFIG_PATCHES;
 
 /// The API group of every Kontinuum kind.
 pub const GROUP: &str = "kontinuum.sh";

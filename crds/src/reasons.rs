@@ -222,6 +222,10 @@ vocabulary! {
         ConfigApplied,
         /// `Configured=False`: the machine refused its configuration.
         ConfigRejected,
+        /// `Configured=False`: a machine-config patch (the cluster's, the pool's or the
+        /// Instance's; the message names which, and the field) cannot be merged or makes the
+        /// config one Talos refuses. Nothing was sent; fixing the patch retries.
+        InvalidConfigPatch,
         /// `Configured=False`: the Instance has no identity (neither `spec.identity` nor
         /// `status.identity`), so no configuration is sent to it.
         IdentityUnknown,

@@ -73,6 +73,25 @@ pub fn preserve_unknown_object(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// The most machine-config patches one object carries.
+pub const MAX_CONFIG_PATCHES: u32 = 16;
+
+/// `configPatches`: Talos strategic merge patches, each one YAML document given as an
+/// object (so admission already refuses a patch that is not a mapping). What they say is
+/// checked after merging, by the bootstrapper's strict Talos validator.
+pub fn config_patches(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": MAX_CONFIG_PATCHES,
+        "items": {
+            "type": "object",
+            "minProperties": 1,
+            "maxProperties": 32,
+            "x-kubernetes-preserve-unknown-fields": true,
+        },
+    })
+}
+
 /// `spec.interfaces` of an Instance: addresses to dial, each at most once.
 pub fn interface_addresses(_: &mut SchemaGenerator) -> Schema {
     address_set("spec.interfaces entries must be IP addresses or DNS names")

@@ -35,6 +35,7 @@ local kind = {
     ProbeFailed = "Degraded",
     IdentityChanged = "Degraded",
     ConfigRejected = "Degraded",
+    InvalidConfigPatch = "Degraded",
     IdentityUnknown = "Degraded",
     TalosApiUnreachable = "Degraded",
     Unhealthy = "Degraded",

@@ -63,6 +63,29 @@ pub async fn create_cluster(
     workers: i32,
     unregister: bool,
 ) -> anyhow::Result<TalosCluster> {
+    create_cluster_with(
+        client,
+        ns,
+        name,
+        control_planes,
+        workers,
+        unregister,
+        |_| {},
+    )
+    .await
+}
+
+/// As [`create_cluster`], with the TalosCluster's spec (JSON) changed by `edit` first (e.g.
+/// machine-config patches added).
+pub async fn create_cluster_with(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    control_planes: i32,
+    workers: i32,
+    unregister: bool,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> anyhow::Result<TalosCluster> {
     let mut spec = serde_json::json!({
         "controlPlane": { "poolRef": { "name": format!("{name}-cp") } },
         "talos": { "version": "v1.13.0" },
@@ -72,6 +95,7 @@ pub async fn create_cluster(
         spec["workers"] =
             serde_json::json!([{ "name": "w", "poolRef": { "name": format!("{name}-w") } }]);
     }
+    edit(&mut spec);
     let cluster: TalosCluster = serde_json::from_value(serde_json::json!({
         "apiVersion": "kontinuum.sh/v1alpha2", "kind": "TalosCluster",
         "metadata": { "name": name },

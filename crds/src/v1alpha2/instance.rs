@@ -3,7 +3,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::TypedRef;
+use super::{ConfigPatch, TypedRef};
 use crate::conditions::HasConditions;
 use crate::schema;
 
@@ -71,6 +71,13 @@ pub struct InstanceSpec {
         { "rule": "self.matches('^[0-9a-f]{64}$')", "message": "spec.identity must be 64 lowercase hex characters: the SHA-256 of the public key of the machine's maintenance certificate" }
     ]), length(max = 64))]
     pub identity: Option<String>,
+
+    /// Talos machine-config patches for this machine only (e.g. its static address), merged
+    /// last, after its cluster's and its pool's (see the TalosCluster's
+    /// `spec.talos.configPatches` for the format and rules).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "schema::config_patches")]
+    pub config_patches: Vec<ConfigPatch>,
 }
 
 /// Observed state of an Instance.

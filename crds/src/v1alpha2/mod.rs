@@ -32,6 +32,10 @@ pub use talos_cluster::{
 };
 pub use zone::{Zone, ZoneClusterTemplate, ZoneSeed, ZoneSpec, ZoneStatus};
 
+/// One Talos machine-config patch: a YAML document, as an object. See
+/// `TalosSettings.configPatches` for how patches are merged and checked.
+pub type ConfigPatch = serde_json::Map<String, serde_json::Value>;
+
 /// A reference to an object in the same namespace as the referring object.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct LocalRef {

@@ -3,9 +3,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{LocalRef, Teardown};
+use super::{ConfigPatch, LocalRef, Teardown};
 use crate::conditions::HasConditions;
-use crate::schema::{DNS1123_LABEL, MAX_LABEL_LEN, VERSION};
+use crate::schema::{self, DNS1123_LABEL, MAX_LABEL_LEN, VERSION};
 
 // A cluster's Secrets are split by who needs them (DESIGN section 1): the kubeconfig alone
 // in one, which the addon-installer and zone-installer read through `status.secretRef`; the
@@ -140,6 +140,23 @@ pub struct TalosSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32), pattern(VERSION))]
     pub version: Option<String>,
+
+    /// Talos machine-config patches for every machine of the cluster (at most 16). Each is
+    /// one YAML document, merged over the generated config as Talos merges a strategic
+    /// merge patch (`talosctl machineconfig patch`): mappings merge, the patch's values win;
+    /// lists are appended to, except `cluster.network.podSubnets`/`serviceSubnets`
+    /// (replaced) and `machine.network.interfaces` (merged on `interface`, with `vlans`
+    /// merged on `vlanId`); `$patch: delete` removes a key, a keyed list item or a typed
+    /// document. A patch with `apiVersion` and `kind` patches that typed document (by
+    /// `name` too), adding it when the config has none. Order: these, then the pool's
+    /// (`spec.controlPlane.configPatches` or `spec.workers[].configPatches`), then the
+    /// Instance's `spec.configPatches`. The merged config is checked as Talos decodes and
+    /// validates one; a patch that makes it invalid stops that machine
+    /// (`Configured=False`, reason `InvalidConfigPatch`, naming the patch and the field) and
+    /// nothing is sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "schema::config_patches")]
+    pub config_patches: Vec<ConfigPatch>,
 }
 
 /// Kubernetes settings of a cluster.
@@ -165,6 +182,12 @@ pub struct ControlPlane {
         },
     ]))]
     pub pool_ref: LocalRef,
+
+    /// Talos machine-config patches for the control-plane machines, merged after
+    /// `spec.talos.configPatches` (same format and rules).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "schema::config_patches")]
+    pub config_patches: Vec<ConfigPatch>,
 }
 
 /// A named pool of worker machines.
@@ -185,6 +208,12 @@ pub struct WorkerPool {
         },
     ]))]
     pub pool_ref: LocalRef,
+
+    /// Talos machine-config patches for this pool's machines, merged after
+    /// `spec.talos.configPatches` (same format and rules).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "schema::config_patches")]
+    pub config_patches: Vec<ConfigPatch>,
 }
 
 /// Observed state of a TalosCluster.

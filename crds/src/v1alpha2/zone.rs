@@ -3,7 +3,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::Teardown;
+use super::{ConfigPatch, Teardown};
 use crate::conditions::HasConditions;
 use crate::schema::{self, DNS1123_LABEL, DNS1123_SUBDOMAIN, MAX_LABEL_LEN, MAX_NAME_LEN, VERSION};
 
@@ -128,6 +128,12 @@ pub struct ZoneClusterTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub control_plane_replicas: Option<i32>,
+
+    /// Talos machine-config patches for every machine of the zone: the TalosCluster's
+    /// `spec.talos.configPatches` (see there for the format and rules).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "schema::config_patches")]
+    pub config_patches: Vec<ConfigPatch>,
 }
 
 /// Observed state of a Zone.

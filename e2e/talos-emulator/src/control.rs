@@ -11,6 +11,9 @@
 //! * `GET /machines/<address>/calls` → the machine's recent ApplyConfiguration, Bootstrap,
 //!   Kubeconfig, HealthCheck, Reboot and Upgrade calls as a JSON array of [`CallRecord`](crate::CallRecord)
 //!   (arrival and end in Unix milliseconds), oldest first; `404` for an unknown machine.
+//! * `GET /machines/<address>/config` → the machine config the machine runs (YAML, with the
+//!   cluster's keys: the interface is on loopback, for tests); `404` for an unknown machine
+//!   or one in maintenance mode.
 
 use std::fmt::Write as _;
 use std::sync::Weak;
@@ -30,6 +33,7 @@ pub(crate) async fn serve(listener: TcpListener, shared: Weak<Shared>) {
         .route("/machines", get(list))
         .route("/machines/{address}/fault", post(fault))
         .route("/machines/{address}/calls", get(calls))
+        .route("/machines/{address}/config", get(config))
         .with_state(shared);
     if let Err(err) = axum::serve(listener, app).await {
         tracing::warn!(
@@ -66,6 +70,23 @@ async fn calls(
         Some(machine) => (
             StatusCode::OK,
             serde_json::to_string(&machine.calls()).unwrap_or_default(),
+        ),
+        None => (StatusCode::NOT_FOUND, format!("no machine at {address}\n")),
+    }
+}
+
+async fn config(
+    State(shared): State<Weak<Shared>>,
+    Path(address): Path<String>,
+) -> (StatusCode, String) {
+    let Some(shared) = shared.upgrade() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, String::new());
+    };
+    match crate::find(&shared, &address).map(|m| m.running_config()) {
+        Some(Some(config)) => (StatusCode::OK, config),
+        Some(None) => (
+            StatusCode::NOT_FOUND,
+            format!("{address} runs no config (maintenance mode)\n"),
         ),
         None => (StatusCode::NOT_FOUND, format!("no machine at {address}\n")),
     }

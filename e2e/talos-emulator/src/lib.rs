@@ -341,6 +341,13 @@ impl Emulator {
         find(&self.shared, &address.to_string()).map(|m| m.calls())
     }
 
+    /// The machine config the machine at `address` runs (what its last accepted
+    /// ApplyConfiguration carried, multi-document YAML), or `None` for an unknown address or
+    /// a machine in maintenance mode. It holds the cluster's keys: for tests only.
+    pub fn running_config(&self, address: Ipv4Addr) -> Option<String> {
+        find(&self.shared, &address.to_string()).and_then(|m| m.running_config())
+    }
+
     /// Injects a fault into the machine at `address` (IP).
     pub async fn inject(&self, address: Ipv4Addr, fault: Fault) -> Result<(), FaultError> {
         inject(&self.shared, &address.to_string(), fault).await

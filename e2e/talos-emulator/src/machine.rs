@@ -639,6 +639,15 @@ impl Machine {
         }
     }
 
+    /// The config the machine runs: the one its last accepted ApplyConfiguration carried,
+    /// as persisted; `None` in maintenance mode.
+    pub(crate) fn running_config(&self) -> Option<String> {
+        if self.mode() != Mode::Configured {
+            return None;
+        }
+        std::fs::read_to_string(self.dir.join(CONFIG_FILE)).ok()
+    }
+
     /// The calls remembered, oldest first.
     pub(crate) fn calls(&self) -> Vec<CallRecord> {
         lock(&self.calls).iter().cloned().collect()

@@ -430,6 +430,16 @@ async fn bad_input_refusals_faults_and_restart() {
         listed.starts_with("HTTP/1.1 200") && listed.contains(r#""rpc":"Bootstrap""#),
         "{listed}"
     );
+    // The config it runs, as applied: in process and over the control interface.
+    let running = emulator.running_config(ip(cp)).unwrap();
+    assert!(running.contains("type: controlplane"), "{running}");
+    let served = http(control, "GET", &format!("/machines/{}/config", cp.ip()), "").await;
+    assert!(
+        served.starts_with("HTTP/1.1 200") && served.ends_with(&running),
+        "{served}"
+    );
+    let unknown = http(control, "GET", "/machines/127.9.9.9/config", "").await;
+    assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
     emulator.inject(ip(cp), Fault::Unavailable).await.unwrap();
     assert_eq!(
         admin.version().await.unwrap_err().kind(),

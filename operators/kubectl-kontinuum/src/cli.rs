@@ -137,6 +137,12 @@ pub struct ZoneAddArgs {
     #[arg(long, value_name = "N")]
     pub control_plane_replicas: Option<i32>,
 
+    /// A Talos machine-config patch for every machine of the zone (strategic merge, one
+    /// YAML document per patch; a file of several documents is several patches); repeat
+    /// for more, applied in order. Written into the Zone as spec.cluster.configPatches.
+    #[arg(long = "patch", value_name = "FILE")]
+    pub patches: Vec<std::path::PathBuf>,
+
     /// On removal, delete the zone's Instances instead of releasing them for reuse.
     #[arg(long)]
     pub unregister_instances_on_delete: bool,

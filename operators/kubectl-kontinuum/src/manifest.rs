@@ -5,10 +5,11 @@
 
 use std::collections::BTreeMap;
 
+use kontinuum_crds::MAX_CONFIG_PATCHES;
 use kontinuum_crds::labels;
 use kontinuum_crds::names::{self, NameError};
 use kontinuum_crds::v1alpha2::{
-    Instance, InstanceSpec, Teardown, Zone, ZoneClusterTemplate, ZoneSeed, ZoneSpec,
+    ConfigPatch, Instance, InstanceSpec, Teardown, Zone, ZoneClusterTemplate, ZoneSeed, ZoneSpec,
 };
 use kube::api::ObjectMeta;
 use serde::Serialize;
@@ -75,6 +76,7 @@ pub fn zone(args: &ZoneAddArgs, namespace: &str) -> Result<Zone, Error> {
         talos_version,
         kubernetes_version,
         control_plane_replicas: args.control_plane_replicas,
+        config_patches: read_patches(&args.patches)?,
     };
     let spec = ZoneSpec {
         region: args.region.clone(),
@@ -249,6 +251,52 @@ fn name_error(err: &NameError) -> Error {
     invalid(flag, message)
 }
 
+/// The most bytes one `--patch` file may hold.
+const MAX_PATCH_FILE_BYTES: u64 = 64 * 1024;
+
+/// Reads `--patch` files: every YAML document of each, in order, must be a mapping.
+fn read_patches(paths: &[std::path::PathBuf]) -> Result<Vec<ConfigPatch>, Error> {
+    let mut patches = Vec::new();
+    for path in paths {
+        let shown = path.display();
+        let size = std::fs::metadata(path)
+            .map_err(|e| invalid("--patch", format!("{shown}: {e}")))?
+            .len();
+        if size > MAX_PATCH_FILE_BYTES {
+            return Err(invalid(
+                "--patch",
+                format!("{shown}: {size} bytes, more than the {MAX_PATCH_FILE_BYTES} allowed"),
+            ));
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| invalid("--patch", format!("{shown}: {e}")))?;
+        let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text)
+            .map_err(|e| invalid("--patch", format!("{shown}: not YAML: {e}")))?;
+        for (i, document) in documents.into_iter().enumerate() {
+            match document {
+                serde_json::Value::Null => {}
+                serde_json::Value::Object(map) if !map.is_empty() => patches.push(map),
+                _ => {
+                    return Err(invalid(
+                        "--patch",
+                        format!("{shown}: document {} is not a YAML mapping", i + 1),
+                    ));
+                }
+            }
+        }
+    }
+    if patches.len() > MAX_CONFIG_PATCHES as usize {
+        return Err(invalid(
+            "--patch",
+            format!(
+                "at most {MAX_CONFIG_PATCHES} patch documents, got {}",
+                patches.len()
+            ),
+        ));
+    }
+    Ok(patches)
+}
+
 fn invalid(flag: &'static str, message: String) -> Error {
     Error::Invalid { flag, message }
 }
@@ -270,6 +318,7 @@ mod tests {
             talos_version: None,
             kubernetes_version: None,
             control_plane_replicas: None,
+            patches: vec![],
             unregister_instances_on_delete: false,
             force_conflicts: false,
             dry_run: None,
@@ -282,6 +331,56 @@ mod tests {
     #[allow(clippy::needless_pass_by_value)]
     fn message(err: Error) -> String {
         err.one_line()
+    }
+
+    #[test]
+    fn patch_files_become_the_zone_clusters_config_patches_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mirror = dir.path().join("mirror.yaml");
+        std::fs::write(
+            &mirror,
+            "machine:\n  registries:\n    mirrors:\n      docker.io:\n        endpoints: [https://mirror.example]\n---\napiVersion: v1alpha1\nkind: HostnameConfig\n$patch: delete\n",
+        )
+        .unwrap();
+        let disk = dir.path().join("disk.yaml");
+        std::fs::write(&disk, "machine: {install: {disk: /dev/sda}}\n").unwrap();
+        let mut args = add("eu", "west-1a");
+        args.patches = vec![mirror.clone(), disk];
+        let zone = zone(&args, "kontinuum-system").unwrap();
+        let patches = zone.spec.cluster.unwrap().config_patches;
+        let got: Vec<_> = patches
+            .iter()
+            .map(|p| p.keys().cloned().collect::<Vec<_>>())
+            .collect();
+        assert_eq!(
+            got,
+            [
+                vec!["machine"],
+                vec!["$patch", "apiVersion", "kind"],
+                vec!["machine"]
+            ]
+        );
+        assert_eq!(patches[2]["machine"]["install"]["disk"], "/dev/sda");
+
+        let list = dir.path().join("list.yaml");
+        std::fs::write(&list, "- op: add\n  path: /machine/x\n").unwrap();
+        let refused = |path: &std::path::Path| {
+            let mut args = add("eu", "west-1a");
+            args.patches = vec![path.to_owned()];
+            message(zone_refused(&args))
+        };
+        assert!(
+            refused(&list).contains("--patch")
+                && refused(&list).contains("document 1 is not a YAML mapping")
+        );
+        assert!(refused(&dir.path().join("missing.yaml")).contains("missing.yaml"));
+        let many = dir.path().join("many.yaml");
+        std::fs::write(&many, "a: 1\n---\n".repeat(17)).unwrap();
+        assert!(refused(&many).contains("at most 16 patch documents, got 17"));
+    }
+
+    fn zone_refused(args: &ZoneAddArgs) -> Error {
+        zone(args, "kontinuum-system").unwrap_err()
     }
 
     #[test]

@@ -525,6 +525,7 @@ mod tests {
             TalosClusterSpec {
                 control_plane: ControlPlane {
                     pool_ref: LocalRef::new("eu-a"),
+                    ..ControlPlane::default()
                 },
                 ..TalosClusterSpec::default()
             },

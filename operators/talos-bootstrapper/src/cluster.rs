@@ -661,6 +661,7 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
             endpoint_host: endpoint.address.clone().unwrap_or_default(),
             talos_version: version,
             kubernetes_version: kubernetes_version(cluster),
+            patches: plan::Patches::of(cluster),
         },
         identity: machines::admin_identity(&secrets.bundle, &cluster.name_any())?,
         endpoint,
@@ -1214,16 +1215,21 @@ async fn config_failed(run: &mut Run<'_>, member: &Member, err: &Error) {
         _ if machines::unreachable(err) => plan::ConfigFailure::Unreachable,
         _ if identity_refused(err) => plan::ConfigFailure::IdentityChanged,
         Error::NoIdentity { .. } => plan::ConfigFailure::NoIdentity,
+        Error::Patch { .. } => plan::ConfigFailure::InvalidPatch,
         _ => plan::ConfigFailure::Refused,
     };
     let set = plan::not_configured(kind, &chain(err));
-    if set.reason == IReason::IdentityChanged
-        && !member_reason_is(run, &member.name, ICond::Configured, set.reason)
-    {
-        let message = format!(
+    let warn = match set.reason {
+        IReason::IdentityChanged => Some(format!(
             "not configuring {}: another machine answers at its address; nothing was sent",
             member.name
-        );
+        )),
+        IReason::InvalidConfigPatch => Some(chain(err)),
+        _ => None,
+    };
+    if let Some(message) = warn
+        && !member_reason_is(run, &member.name, ICond::Configured, set.reason)
+    {
         let reference = run.cluster.object_ref(&());
         let reason = set.reason.as_str();
         run.ctx
@@ -1239,7 +1245,7 @@ async fn config_failed(run: &mut Run<'_>, member: &Member, err: &Error) {
 /// Kubernetes and transport failures are not (they are retried with backoff).
 fn config_refused(err: &Error) -> bool {
     match err {
-        Error::Config { .. } => true,
+        Error::Config { .. } | Error::Patch { .. } => true,
         Error::Talos { source, .. } => source.kind() == ErrorKind::InvalidArgument,
         _ => false,
     }

@@ -182,6 +182,18 @@ pub enum Error {
         #[source]
         source: Box<kontinuum_talos_config::ConfigError>,
     },
+    /// A machine-config patch cannot be merged, or makes the config one Talos refuses.
+    /// Names the patch (`TalosCluster spec.talos.configPatches[0]`) and the field, never a
+    /// value (a config holds every cluster CA key).
+    #[error("machine config of {instance}: patch {patch}: {problem}; nothing was sent")]
+    Patch {
+        /// The Instance.
+        instance: String,
+        /// Which patch, as a path a person can find it by.
+        patch: String,
+        /// What is wrong, in Talos' words.
+        problem: String,
+    },
     /// The cluster's own API server could not be asked.
     #[error("asking the cluster's API server")]
     Downstream(#[source] Box<downstream::DownstreamError>),
@@ -217,6 +229,7 @@ impl ReconcileError for Error {
             Error::Secrets(_) | Error::BadSecret { .. } => "SecretsBundleFailed",
             Error::MachineVersion { .. } => "UnsupportedTalosVersion",
             Error::Config { .. } => "ConfigFailed",
+            Error::Patch { .. } => "InvalidConfigPatch",
             Error::Join => "TaskFailed",
             Error::Downstream(_) => "DownstreamUnreachable",
         }
@@ -232,7 +245,8 @@ impl ReconcileError for Error {
             | Error::Secrets(_)
             | Error::BadSecret { .. }
             | Error::MachineVersion { .. }
-            | Error::Config { .. } => ErrorClass::Permanent,
+            | Error::Config { .. }
+            | Error::Patch { .. } => ErrorClass::Permanent,
             Error::Join | Error::Downstream(_) => ErrorClass::Transient,
         }
     }

@@ -12,14 +12,14 @@ use kontinuum_talos::{
     Timeouts, Version,
 };
 use kontinuum_talos_config::{
-    ConfigInput, MachineConfig, MachineType, SecretsBundle, TalosVersion, admin_talosconfig,
-    render_machine_config,
+    ConfigInput, MachineConfig, MachineType, PatchedConfig, SecretsBundle, TalosVersion,
+    admin_talosconfig, render_machine_config,
 };
 
 use kontinuum_operator_common::metrics::ControllerMetrics;
 
 use crate::Error;
-use crate::plan::{Member, Role};
+use crate::plan::{Member, Patches, Role, SourcedPatch};
 
 /// How the bootstrapper reaches machines.
 #[derive(Clone, Copy, Debug)]
@@ -355,6 +355,8 @@ pub struct ClusterInput {
     pub talos_version: TalosVersion,
     /// Kubernetes version without a leading `v`.
     pub kubernetes_version: String,
+    /// The cluster's and its pools' machine-config patches.
+    pub patches: Patches,
 }
 
 /// Renders `member`'s config for the Talos version it reported (else the requested one).
@@ -386,12 +388,50 @@ pub fn machine_config(
         Role::ControlPlane => MachineType::ControlPlane,
         Role::Worker => MachineType::Worker,
     };
-    render_machine_config(&config_input, bundle, machine_type, &member.name).map_err(|source| {
-        Error::Config {
+    let config = render_machine_config(&config_input, bundle, machine_type, &member.name).map_err(
+        |source| Error::Config {
             instance: member.name.clone(),
             source: Box::new(source),
-        }
-    })
+        },
+    )?;
+    let patches = input.patches.for_member(member);
+    if patches.is_empty() {
+        return Ok(config);
+    }
+    patched(config, &patches, &config_input.talos_version, &member.name)
+}
+
+/// `config` with `patches` merged in order, as Talos merges them. The config is validated
+/// as Talos decodes and validates one after each patch, so the first patch that makes it
+/// invalid is the one named (the generated config itself is valid).
+fn patched(
+    config: MachineConfig,
+    patches: &[SourcedPatch<'_>],
+    version: &TalosVersion,
+    instance: &str,
+) -> Result<MachineConfig, Error> {
+    let failed = |patch: &str, problem: String| Error::Patch {
+        instance: instance.to_owned(),
+        patch: patch.to_owned(),
+        problem,
+    };
+    let contract = kontinuum_talos_validate::Contract::from_version(&version.to_string())
+        .map_err(|e| failed(&patches[0].source, e.to_string()))?;
+    let mut documents =
+        PatchedConfig::new(&config).map_err(|e| failed(&patches[0].source, e.to_string()))?;
+    let mut config = config;
+    for patch in patches {
+        documents
+            .apply(patch.patch)
+            .map_err(|e| failed(&patch.source, e.to_string()))?;
+        config = documents
+            .render()
+            .map_err(|e| failed(&patch.source, e.to_string()))?;
+        kontinuum_talos_validate::validate(config.expose().as_bytes(), contract).map_err(
+            |problems| failed(&patch.source, kontinuum_talos_validate::describe(&problems)),
+        )?;
+    }
+    Ok(config)
 }
 
 #[cfg(test)]
@@ -545,7 +585,146 @@ mod tests {
             joined: false,
             talos_version: Some("v1.13.0".into()),
             identity: Some("aa".into()),
+            config_patches: Vec::new(),
         }
+    }
+
+    fn patch(json: serde_json::Value) -> kontinuum_crds::v1alpha2::ConfigPatch {
+        serde_json::from_value(json).unwrap()
+    }
+
+    /// A cluster whose spec patches every machine, its control-plane pool and one Instance.
+    #[allow(clippy::needless_pass_by_value)]
+    fn patched_input(cluster: serde_json::Value) -> ClusterInput {
+        let spec = serde_json::json!({
+            "talos": { "configPatches": [cluster] },
+            "controlPlane": {
+                "poolRef": { "name": "cp" },
+                "configPatches": [{ "machine": { "install": {
+                    "disk": "/dev/sda", "diskSelector": { "$patch": "delete" },
+                } } }],
+            },
+        });
+        let cluster =
+            kontinuum_crds::v1alpha2::TalosCluster::new("c", serde_json::from_value(spec).unwrap());
+        ClusterInput {
+            name: "c".into(),
+            endpoint_host: "192.0.2.1".into(),
+            talos_version: TalosVersion::parse("v1.13.0").unwrap(),
+            kubernetes_version: "1.32.0".into(),
+            patches: Patches::of(&cluster),
+        }
+    }
+
+    fn bundle() -> SecretsBundle {
+        use rand_core::SeedableRng as _;
+        SecretsBundle::generate_with_rsa_bits(
+            &mut rand_chacha::ChaCha20Rng::seed_from_u64(7),
+            jiff::Timestamp::now(),
+            &TalosVersion::parse("v1.13.0").unwrap(),
+            1024,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn patches_merge_cluster_then_pool_then_instance_into_a_valid_config() {
+        let mirror = serde_json::json!({ "machine": { "registries": { "mirrors": {
+            "docker.io": { "endpoints": ["https://mirror.example"] },
+        } } } });
+        let input = patched_input(mirror);
+        let mut m = member();
+        m.config_patches = vec![
+            patch(
+                serde_json::json!({ "machine": { "network": { "interfaces": [
+                { "interface": "eth0", "addresses": ["192.0.2.1/24"] },
+            ] } } }),
+            ),
+            // The Instance's patch comes last: it overrides the pool's.
+            patch(serde_json::json!({ "machine": { "install": { "disk": "/dev/vda" } } })),
+        ];
+        let config = machine_config(&input, &bundle(), &m).unwrap();
+        let parsed =
+            kontinuum_talos_config::parse_machine_config(config.expose().as_bytes()).unwrap();
+        assert_eq!(
+            parsed.install_disk,
+            kontinuum_talos_config::InstallDisk::Path("/dev/vda".into())
+        );
+        let main: serde_json::Value =
+            serde_saphyr::from_multiple::<serde_json::Value>(config.expose())
+                .unwrap()
+                .remove(0);
+        assert_eq!(
+            main.pointer("/machine/registries/mirrors/docker.io/endpoints/0"),
+            Some(&serde_json::json!("https://mirror.example"))
+        );
+        assert_eq!(
+            main.pointer("/machine/network/interfaces/0/addresses/0"),
+            Some(&serde_json::json!("192.0.2.1/24"))
+        );
+        assert_eq!(main.pointer("/machine/install/diskSelector"), None);
+        // A worker of another pool gets only the cluster's patch.
+        let mut worker = member();
+        worker.pool = "workers".into();
+        worker.role = Role::Worker;
+        let config = machine_config(&input, &bundle(), &worker).unwrap();
+        assert!(config.expose().contains("mirror.example"));
+        assert!(!config.expose().contains("disk: /dev/sda"));
+    }
+
+    #[test]
+    fn a_patch_talos_would_refuse_is_named_with_its_field() {
+        let rows = [
+            (
+                serde_json::json!({ "machine": { "registries": { "mirrorz": {} } } }),
+                "TalosCluster spec.talos.configPatches[0]",
+                ".machine.registries.mirrorz",
+            ),
+            (
+                serde_json::json!({ "machine": { "install": { "wipe": "sometimes" } } }),
+                "TalosCluster spec.talos.configPatches[0]",
+                ".machine.install.wipe",
+            ),
+            (
+                serde_json::json!({ "version": "v1alpha1", "$patch": "delete" }),
+                "TalosCluster spec.talos.configPatches[0]",
+                "v1alpha1 document cannot be deleted",
+            ),
+        ];
+        for (bad, source, field) in rows {
+            let err = machine_config(&patched_input(bad.clone()), &bundle(), &member())
+                .expect_err(&bad.to_string());
+            let Error::Patch {
+                instance,
+                patch,
+                problem,
+            } = &err
+            else {
+                panic!("{bad}: not a patch error: {err}");
+            };
+            assert_eq!(
+                (instance.as_str(), patch.as_str()),
+                ("m-1", source),
+                "{bad}"
+            );
+            assert!(problem.contains(field), "{bad}: {problem}");
+        }
+        // The Instance's own patch is named as such, after the valid ones before it.
+        let mut m = member();
+        m.config_patches = vec![patch(
+            serde_json::json!({ "machine": { "kubelet": { "extraArgz": {} } } }),
+        )];
+        let input = patched_input(serde_json::json!({ "machine": { "certSANs": ["a.example"] } }));
+        let err = machine_config(&input, &bundle(), &m).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("machine config of m-1: patch Instance m-1 spec.configPatches[0]: "),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains(".machine.kubelet.extraArgz"),
+            "{err}"
+        );
     }
 
     fn identity() -> ClientIdentity {

@@ -14,7 +14,9 @@ use kontinuum_crds::reasons::{
     TalosClusterCondition, TalosClusterCondition as Cond, TalosClusterReason,
     TalosClusterReason as Reason,
 };
-use kontinuum_crds::v1alpha2::{Addon, BuiltinAddon, Instance, TalosCluster, TeardownOutcome};
+use kontinuum_crds::v1alpha2::{
+    Addon, BuiltinAddon, ConfigPatch, Instance, TalosCluster, TeardownOutcome,
+};
 use kontinuum_operator_common::error::chain;
 use kontinuum_talos_config::TalosVersion;
 use kube::ResourceExt as _;
@@ -55,6 +57,8 @@ pub struct Member {
     /// The identity its maintenance connection must prove: `spec.identity` (the user's
     /// pin), else `status.identity` (recorded at discovery).
     pub identity: Option<String>,
+    /// The Instance's own machine-config patches (`spec.configPatches`), merged last.
+    pub config_patches: Vec<ConfigPatch>,
 }
 
 impl Member {
@@ -78,6 +82,7 @@ impl Member {
                 .identity
                 .clone()
                 .or_else(|| status.and_then(|s| s.identity.clone())),
+            config_patches: instance.spec.config_patches.clone(),
         }
     }
 
@@ -85,6 +90,81 @@ impl Member {
     /// after which discovery stops) and with an address.
     pub fn usable(&self) -> bool {
         (self.discovered || self.configured) && self.address.is_some()
+    }
+}
+
+/// The machine-config patches of a cluster's spec: the cluster's, then each pool's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Patches {
+    cluster: Vec<ConfigPatch>,
+    /// By InstancePool name: the field holding the pool's patches, and the patches.
+    pools: BTreeMap<String, (String, Vec<ConfigPatch>)>,
+}
+
+/// One patch to merge, and where it is written (for a person to find it by).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourcedPatch<'a> {
+    /// E.g. `TalosCluster spec.workers[gpu].configPatches[1]`.
+    pub source: String,
+    /// The patch document.
+    pub patch: &'a ConfigPatch,
+}
+
+impl Patches {
+    /// The patches `cluster`'s spec gives.
+    pub fn of(cluster: &TalosCluster) -> Self {
+        let spec = &cluster.spec;
+        let mut pools = BTreeMap::new();
+        pools.insert(
+            spec.control_plane.pool_ref.name.clone(),
+            (
+                "spec.controlPlane.configPatches".to_owned(),
+                spec.control_plane.config_patches.clone(),
+            ),
+        );
+        for worker in &spec.workers {
+            pools.insert(
+                worker.pool_ref.name.clone(),
+                (
+                    format!("spec.workers[{}].configPatches", worker.name),
+                    worker.config_patches.clone(),
+                ),
+            );
+        }
+        Self {
+            cluster: spec
+                .talos
+                .as_ref()
+                .map(|t| t.config_patches.clone())
+                .unwrap_or_default(),
+            pools,
+        }
+    }
+
+    /// The patches of `member`'s config, in merge order: the cluster's, its pool's, its
+    /// Instance's.
+    pub fn for_member<'a>(&'a self, member: &'a Member) -> Vec<SourcedPatch<'a>> {
+        let sourced = |field: &str, patches: &'a [ConfigPatch]| {
+            let field = field.to_owned();
+            patches
+                .iter()
+                .enumerate()
+                .map(move |(i, patch)| SourcedPatch {
+                    source: format!("{field}[{i}]"),
+                    patch,
+                })
+        };
+        let cluster = sourced("TalosCluster spec.talos.configPatches", &self.cluster);
+        let pool = self
+            .pools
+            .get(&member.pool)
+            .into_iter()
+            .flat_map(|(field, patches)| sourced(&format!("TalosCluster {field}"), patches));
+        let own = sourced(
+            &format!("Instance {} spec.configPatches", member.name),
+            &member.config_patches,
+        );
+        cluster.chain(pool).chain(own).collect()
     }
 }
 
@@ -617,6 +697,7 @@ pub fn config_failure_reason(kind: ConfigFailure) -> IReason {
         ConfigFailure::IdentityChanged => IReason::IdentityChanged,
         ConfigFailure::NoIdentity => IReason::IdentityUnknown,
         ConfigFailure::Refused => IReason::ConfigRejected,
+        ConfigFailure::InvalidPatch => IReason::InvalidConfigPatch,
     }
 }
 
@@ -631,6 +712,9 @@ pub enum ConfigFailure {
     NoIdentity,
     /// The config could not be rendered, or the machine refused it.
     Refused,
+    /// A machine-config patch cannot be merged or makes the config invalid: nothing was
+    /// sent.
+    InvalidPatch,
 }
 
 /// Pure: a member's `Configured=True`.
@@ -1390,6 +1474,7 @@ mod tests {
             not_configured(ConfigFailure::IdentityChanged, "x"),
             not_configured(ConfigFailure::NoIdentity, "x"),
             not_configured(ConfigFailure::Refused, "x"),
+            not_configured(ConfigFailure::InvalidPatch, "x"),
             worker_waiting(),
             join_answer(Ok((true, "v1.13.0"))).unwrap(),
             join_answer(Err("refused")).unwrap(),
@@ -1411,6 +1496,7 @@ mod tests {
                 (ICond::Configured, "False", IReason::IdentityChanged),
                 (ICond::Configured, "False", IReason::IdentityUnknown),
                 (ICond::Configured, "False", IReason::ConfigRejected),
+                (ICond::Configured, "False", IReason::InvalidConfigPatch),
                 (ICond::Joined, "False", IReason::WaitingForControlPlane),
                 (ICond::Joined, "True", IReason::Joined),
                 (ICond::Joined, "Unknown", IReason::TalosApiUnreachable),

@@ -189,6 +189,10 @@ impl MachineConfig {
     pub fn expose(&self) -> &str {
         self.0.expose()
     }
+
+    pub(crate) fn from_sensitive(yaml: Sensitive) -> Self {
+        Self(yaml)
+    }
 }
 
 impl fmt::Debug for MachineConfig {

@@ -9,6 +9,8 @@
 //!   `HostnameConfig` document with a fixed hostname.
 //! * [`parse_machine_config`]: reads a config back and rejects what Talos would (the
 //!   emulator's `ApplyConfiguration` uses it).
+//! * [`PatchedConfig`]: a rendered config with patches merged as Talos' strategic merge
+//!   does (the caller validates the result).
 //! * [`admin_talosconfig`]: the `os:admin` Ed25519 client identity and its talosconfig.
 //!
 //! Functions take the clock (`now`) and the RNG as arguments: nothing here reads the time,
@@ -17,6 +19,7 @@
 
 mod config;
 mod parse;
+mod patch;
 mod pki;
 mod schema;
 mod secrets;
@@ -29,6 +32,7 @@ pub use config::{
     render_machine_config,
 };
 pub use parse::{MAX_CONFIG_BYTES, ParsedCa, ParsedConfig, parse_machine_config};
+pub use patch::{PatchError, PatchedConfig};
 pub use pki::{private_key_pkcs8_der, standard_private_key_pem};
 pub use secrets::{CertAndKey, SERVICE_ACCOUNT_RSA_BITS, SecretsBundle, SecretsError, Sensitive};
 pub use talosconfig::{

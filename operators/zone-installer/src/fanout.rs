@@ -162,6 +162,9 @@ pub fn talos_cluster(zone: &Zone, owner: &Value) -> Value {
     if let Some(version) = template.talos_version {
         spec["talos"] = json!({ "version": version });
     }
+    if !template.config_patches.is_empty() {
+        spec["talos"]["configPatches"] = json!(template.config_patches);
+    }
     if let Some(version) = template.kubernetes_version {
         spec["kubernetes"] = json!({ "version": version });
     }
@@ -348,12 +351,21 @@ mod tests {
             talos_version: Some("v1.13.0".into()),
             kubernetes_version: None,
             control_plane_replicas: Some(3),
+            config_patches: vec![
+                serde_json::from_value(json!({ "machine": { "install": { "disk": "/dev/sda" } } }))
+                    .unwrap(),
+            ],
         });
         let owner = zone_owner(&z).unwrap();
         let cluster = talos_cluster(&z, &owner);
         assert_eq!(cluster["metadata"]["name"], "eu-west-1a");
         assert_eq!(cluster["metadata"]["ownerReferences"][0]["kind"], "Zone");
         assert_eq!(cluster["metadata"]["ownerReferences"][0]["uid"], "zone-uid");
+        assert_eq!(cluster["spec"]["talos"]["version"], "v1.13.0");
+        assert_eq!(
+            cluster["spec"]["talos"]["configPatches"][0]["machine"]["install"]["disk"],
+            "/dev/sda"
+        );
         assert_eq!(
             cluster["metadata"]["ownerReferences"][0]["controller"],
             true
