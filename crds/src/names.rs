@@ -98,6 +98,16 @@ pub fn zone_name(region: &str, zone: &str) -> Result<String, NameError> {
     bounded("zone name", format!("{region}-{zone}"), MAX_ZONE_NAME_LEN)
 }
 
+/// The SHA-256 of `bytes`, as 64 lowercase hex digits (hashes and thumbprints in names,
+/// labels and status fields).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .flat_map(|byte| [byte >> 4, byte & 0x0f])
+        .map(|nibble| char::from_digit(u32::from(nibble), 16).unwrap_or('0'))
+        .collect()
+}
+
 /// `<region>-<zone>-<hash>`: the name of the seed Instance for `address` in a zone.
 ///
 /// `<hash>` is the first [`SEED_HASH_LEN`] lowercase hex digits of the SHA-256 of
@@ -105,13 +115,8 @@ pub fn zone_name(region: &str, zone: &str) -> Result<String, NameError> {
 /// second Instance for a machine it already registered.
 pub fn seed_instance_name(region: &str, zone: &str, address: &str) -> Result<String, NameError> {
     let zone_name = zone_name(region, zone)?;
-    let digest = Sha256::digest(normalize_address(address)?.as_bytes());
-    let hash: String = digest
-        .iter()
-        .flat_map(|byte| [byte >> 4, byte & 0x0f])
-        .take(SEED_HASH_LEN)
-        .map(|nibble| char::from_digit(u32::from(nibble), 16).unwrap_or('0'))
-        .collect();
+    let digest = sha256_hex(normalize_address(address)?.as_bytes());
+    let hash = &digest[..SEED_HASH_LEN];
     bounded(
         "instance name",
         format!("{zone_name}-{hash}"),

@@ -323,6 +323,11 @@ vocabulary! {
         Ready,
         /// True while the members are reset and released (or unregistered).
         Deleting,
+        /// Every configured, joined member runs the machine config its cluster, pool and
+        /// Instance patches give now. A changed patch is re-applied in place, one machine at
+        /// a time, workers first and control planes last; this does not gate `Ready` (the
+        /// cluster keeps serving while it rolls).
+        ConfigUpToDate,
     }
 }
 
@@ -393,6 +398,15 @@ vocabulary! {
         TeardownFailed,
         /// Teardown gave up at its deadline and removed the finalizer (Event reason).
         TeardownDeadlineExceeded,
+        /// `ConfigUpToDate=True`: every configured, joined member runs its current config.
+        ConfigUpToDate,
+        /// `ConfigUpToDate=False`: a changed config is being applied to the member the
+        /// message names (or the roll waits for one to come back from a reboot).
+        Reconfiguring,
+        /// `ConfigUpToDate=False`: a member refused its changed config, or a changed patch
+        /// makes it invalid (nothing sent); the roll halted there, the other members keep
+        /// what they run. Fixing the patch resumes it.
+        ReconfigureFailed,
         /// The operator's RBAC refuses a call it needs (an API 403 from the hub or the
         /// zone cluster); the message names the verb and resource when known. Retried with
         /// the normal backoff (a Role fix needs no spec change), but reported as this rather

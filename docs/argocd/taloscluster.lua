@@ -6,7 +6,8 @@ local kind = {
   controller = "talos-bootstrapper",
   gates = { "Bootstrapped", "KubeconfigAvailable", "ControlPlaneReady", "AddonsReady" },
   -- Reasons only True conditions carry: Ready, Bootstrapped, KubeconfigAvailable, Healthy,
-  -- AddonsInstalled. TeardownDeadlineExceeded is an Event reason, never a condition's.
+  -- AddonsInstalled, ConfigUpToDate (also a condition outside the gates: a config roll does
+  -- not make the cluster unhealthy, but a halted one is told by ReconfigureFailed). TeardownDeadlineExceeded is an Event reason, never a condition's.
   reasons = {
     Reconciling = "Progressing",
     WaitingForInstances = "Progressing",
@@ -16,6 +17,7 @@ local kind = {
     AddonNotHealthy = "Progressing",
     Deleting = "Progressing",
     ResettingInstances = "Progressing",
+    Reconfiguring = "Progressing",
     SecretsBundleMissing = "Degraded",
     -- The operator's RBAC refuses a call it needs: a person must fix its Role.
     Forbidden = "Degraded",
@@ -25,6 +27,7 @@ local kind = {
     BootstrapFailed = "Degraded",
     Unhealthy = "Degraded",
     AddonInstallFailed = "Degraded",
+    ReconfigureFailed = "Degraded",
   },
   -- Reasons of Deleting that say resetting or releasing a member failed; it is retried until
   -- the deadline the message names.

@@ -26,9 +26,10 @@ pub use kontinuum::{
 };
 pub use talos_cluster::{
     ControlPlane, ControlPlaneStatus, KUBECONFIG_KEY, KUBECONFIG_SECRET_COMPONENT,
-    KubernetesSettings, MachineTeardown, SECRETS_BUNDLE_KEY, SECRETS_SECRET_COMPONENT,
-    TALOSCONFIG_KEY, TalosCluster, TalosClusterSpec, TalosClusterStatus, TalosSettings,
-    TeardownOutcome, WorkerPool, WorkerPoolStatus, kubeconfig_secret_name, secrets_secret_name,
+    KubernetesSettings, MachineConfigStatus, MachineTeardown, SECRETS_BUNDLE_KEY,
+    SECRETS_SECRET_COMPONENT, TALOSCONFIG_KEY, TalosCluster, TalosClusterSpec, TalosClusterStatus,
+    TalosSettings, TeardownOutcome, WorkerPool, WorkerPoolStatus, kubeconfig_secret_name,
+    secrets_secret_name,
 };
 pub use zone::{Zone, ZoneClusterTemplate, ZoneSeed, ZoneSpec, ZoneStatus};
 

@@ -255,10 +255,31 @@ pub struct TalosClusterStatus {
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub configured_instances: Vec<String>,
 
+    /// The machine config each configured member runs, as this operator last applied it
+    /// (its SHA-256). When a patch changes, the members whose config it changes are
+    /// re-configured in place, one at a time (see the `ConfigUpToDate` condition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["instance"]))]
+    pub machine_configs: Vec<MachineConfigStatus>,
+
     /// While the cluster is being deleted: what happened to each machine.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["instance"]))]
     pub teardown: Vec<MachineTeardown>,
+}
+
+/// The machine config one member runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineConfigStatus {
+    /// The Instance.
+    pub instance: String,
+    /// SHA-256 (hex) of the machine config it was last sent.
+    pub hash: String,
+    /// Talos answered that applying it reboots the machine, and the machine has not
+    /// answered since: the roll waits for it before the next member.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rebooting: bool,
 }
 
 /// What teardown did to one machine.

@@ -158,6 +158,53 @@ impl Facts {
     }
 }
 
+/// Sections of the `v1alpha1` document a running machine takes without a reboot (Talos'
+/// documentation: "reboot if the change can't be applied without a reboot"; this is the
+/// emulator's reading of which can, from Talos' controllers that watch them): the whole
+/// `cluster` section, and these under `machine`. Typed documents all apply live.
+const LIVE_MACHINE_SECTIONS: &[&str] = &[
+    "network",
+    "sysctls",
+    "sysfs",
+    "certSANs",
+    "logging",
+    "kubelet",
+    "registries",
+    "time",
+    "nodeLabels",
+    "nodeAnnotations",
+    "nodeTaints",
+    "features",
+    "install",
+    "udev",
+    "pods",
+    "seccompProfiles",
+];
+
+/// Whether changing a running machine's config from `old` to `new` (both already
+/// validated) needs a reboot: something outside `LIVE_MACHINE_SECTIONS` and `cluster`
+/// differs in the `v1alpha1` document. Unreadable input counts as needing one.
+pub fn needs_reboot(old: &str, new: &str) -> bool {
+    fn rest(yaml: &str) -> Option<serde_json::Value> {
+        let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml).ok()?;
+        let mut main = documents
+            .into_iter()
+            .find(|d| d.is_object() && d.get("kind").is_none())?;
+        let map = main.as_object_mut()?;
+        map.remove("cluster");
+        if let Some(machine) = map.get_mut("machine").and_then(|m| m.as_object_mut()) {
+            for section in LIVE_MACHINE_SECTIONS {
+                machine.remove(*section);
+            }
+        }
+        Some(main)
+    }
+    match (rest(old), rest(new)) {
+        (Some(a), Some(b)) => a != b,
+        _ => true,
+    }
+}
+
 /// What the emulator knows about a configured control plane of another (or this) machine,
 /// for checking that a worker config belongs to its cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -490,6 +537,29 @@ impl Core {
                 "the emulator does not reconfigure a configured machine".to_owned(),
             )),
         }
+    }
+
+    /// ApplyConfiguration on a configured machine: the new config replaces the running one
+    /// (the cluster, its etcd data and the mode are kept). A config for another cluster or
+    /// of another machine type is refused: the emulator does not move a running machine.
+    pub fn reconfigure(&mut self, config: ParsedConfig) -> Result<(), Refusal> {
+        let Some(current) = self.active_config() else {
+            return Err(Refusal::FailedPrecondition(
+                "reconfiguring needs a configured machine".to_owned(),
+            ));
+        };
+        if current.machine_type != config.machine_type
+            || current.cluster_id != config.cluster_id
+            || current.os_ca.cert_pem.trim() != config.os_ca.cert_pem.trim()
+            || current.kubernetes_ca.cert_pem.trim() != config.kubernetes_ca.cert_pem.trim()
+        {
+            return Err(Refusal::Unimplemented(
+                "the emulator does not move a configured machine to another cluster or role"
+                    .to_owned(),
+            ));
+        }
+        self.config = Some(config);
+        Ok(())
     }
 
     /// Bootstrap: control planes only, once.

@@ -24,6 +24,10 @@
 //!   its cluster running; after an Upgrade, Version reports the installer's tag (kept across
 //!   emulator restarts and resets, forgotten by a full wipe). In maintenance mode both are
 //!   `PermissionDenied`, as Talos v1.13's authorizer refuses every caller there.
+//!   ApplyConfiguration to a configured machine (`os:admin`) replaces the config it runs and
+//!   keeps its cluster; in AUTO mode it reboots only for a change outside what applies live
+//!   ([`core::needs_reboot`]), NO_REBOOT refuses such a change, the answer names the mode
+//!   used. [`Emulator::running_config`] (and `GET /machines/<ip>/config`) is what it runs.
 //! * Each machine of a cluster is a **hostlet** node by default ([`nodes`]): named after its
 //!   hostname, InternalIP its address, pods of our image (`kontinuum:<any tag>`, binaries
 //!   found next to the emulator's executable) run as real processes, others are pretended

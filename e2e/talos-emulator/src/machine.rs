@@ -28,6 +28,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::server::Connected;
 
+use kontinuum_proto::talos::machine::apply_configuration_request::Mode as ApplyMode;
+
 use crate::cluster_config::{self, CONTROL_PLANE_ROLE, ClusterSettings};
 use crate::core::{self, Core, Effects, Facts, KnownControlPlane, Mode, Refusal, Role};
 use crate::error::Error;
@@ -690,9 +692,61 @@ impl Machine {
         tokio::time::sleep(Duration::from_secs(60)).await;
     }
 
-    /// ApplyConfiguration: validate, persist, switch to configured mode; a worker of a
-    /// running cluster joins it.
-    pub(crate) fn apply(&self, bytes: &[u8]) -> Result<(), tonic::Status> {
+    /// ApplyConfiguration on a configured machine, in `mode` as Talos takes it: the new
+    /// config (already validated) replaces the running one; a change outside what applies
+    /// live ([`core::needs_reboot`]) reboots the machine in `AUTO` and `REBOOT` mode and is
+    /// refused in `NO_REBOOT` mode, as Talos refuses it; `STAGED` and `TRY` are not
+    /// emulated. Returns the mode used, as Talos reports it.
+    fn reconfigure(
+        self: &Arc<Self>,
+        bytes: &[u8],
+        parsed: ParsedConfig,
+        mode: ApplyMode,
+    ) -> Result<ApplyMode, tonic::Status> {
+        let path = self.dir.join(CONFIG_FILE);
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        let new = std::str::from_utf8(bytes).unwrap_or_default();
+        let reboot = match (mode, core::needs_reboot(&old, new)) {
+            (ApplyMode::Staged | ApplyMode::Try, _) => {
+                return Err(tonic::Status::unimplemented(
+                    "staged and try modes are not emulated",
+                ));
+            }
+            (ApplyMode::NoReboot, true) => {
+                return Err(tonic::Status::failed_precondition(
+                    "this config change can't be applied in immediate mode",
+                ));
+            }
+            (ApplyMode::Reboot, _) | (ApplyMode::Auto, true) => true,
+            (ApplyMode::NoReboot | ApplyMode::Auto, false) => false,
+        };
+        {
+            let mut inner = self.lock();
+            let mut applied = inner.core.clone();
+            applied.reconfigure(parsed).map_err(Refusal::into_status)?;
+            write_private(&path, bytes).map_err(|e| internal(&e))?;
+            if reboot {
+                applied.reboot_in_place();
+            }
+            self.persist_state(&applied).map_err(|e| internal(&e))?;
+            inner.core = applied;
+        }
+        tracing::info!(instance = %self.facts.address, reboot, "applied a new machine config to the running machine");
+        if reboot {
+            self.go_down();
+            return Ok(ApplyMode::Reboot);
+        }
+        Ok(ApplyMode::NoReboot)
+    }
+
+    /// ApplyConfiguration: validate, persist, switch to configured mode (a worker of a
+    /// running cluster joins it); on a configured machine, [`Machine::reconfigure`].
+    /// Returns the mode used.
+    pub(crate) fn apply(
+        self: &Arc<Self>,
+        bytes: &[u8],
+        mode: ApplyMode,
+    ) -> Result<ApplyMode, tonic::Status> {
         let shared = self.shared().ok_or_else(stopping)?;
         let parsed = match core::validate_config(bytes, &self.facts, &shared.control_planes()) {
             Ok(parsed) => parsed,
@@ -706,13 +760,15 @@ impl Machine {
             }
         };
         let cluster_id = parsed.cluster_id.clone();
+        if self.mode() == Mode::Configured {
+            return self.reconfigure(bytes, parsed, mode);
+        }
         {
             let mut inner = self.lock();
             if inner.core.mode != Mode::Maintenance {
-                return Err(Refusal::Unimplemented(
-                    "the emulator does not reconfigure a configured machine".to_owned(),
-                )
-                .into_status());
+                return Err(tonic::Status::aborted(
+                    "the machine changed mode during the call",
+                ));
             }
             write_private(&self.dir.join(CONFIG_FILE), bytes).map_err(|e| internal(&e))?;
             let mut applied = inner.core.clone();
@@ -727,7 +783,8 @@ impl Machine {
             let weak = Arc::downgrade(&shared);
             tokio::spawn(async move { join(&cluster, &weak, address, &hostname).await });
         }
-        Ok(())
+        // Maintenance mode turns REBOOT and AUTO into NO_REBOOT.
+        Ok(ApplyMode::NoReboot)
     }
 
     /// Bootstrap: starts the real control plane in the background.

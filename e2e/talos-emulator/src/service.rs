@@ -114,19 +114,23 @@ impl MachineService for Api {
             return Err(Status::unimplemented("dry run is not emulated"));
         }
         let machine = Arc::clone(&self.machine);
+        let mode = request.mode();
         let data = request.data;
-        tokio::task::spawn_blocking(move || machine.apply(&data))
+        let used = tokio::task::spawn_blocking(move || machine.apply(&data, mode))
             .await
             .map_err(|_| Status::internal("apply task failed"))??;
         self.machine.after(Call::Apply, &connection).await;
         call.succeeded();
+        let mode_details = match used {
+            ApplyMode::Reboot => "Applied configuration with a reboot",
+            _ => "Applied configuration without a reboot",
+        };
         Ok(Response::new(ApplyConfigurationResponse {
             messages: vec![ApplyConfiguration {
                 metadata: None,
                 warnings: Vec::new(),
-                // Maintenance mode turns REBOOT and AUTO into NO_REBOOT.
-                mode: ApplyMode::NoReboot.into(),
-                mode_details: "Applied configuration without a reboot".to_owned(),
+                mode: used.into(),
+                mode_details: mode_details.to_owned(),
             }],
         }))
     }

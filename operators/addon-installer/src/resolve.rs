@@ -3,12 +3,10 @@
 //! desired state. Pure: no I/O, no clock.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use kontinuum_crds::v1alpha2::{Addon, BuiltinAddon, ProvisioningMethod};
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use sha2::{Digest as _, Sha256};
 
 /// Priority of an Addon that sets none and is not a built-in.
 pub const DEFAULT_PRIORITY: i32 = 100;
@@ -398,11 +396,9 @@ pub fn desired_hash(
         "method": method,
         "values": sorted(&Value::Object(values.clone())),
     });
-    let digest = Sha256::digest(canonical.to_string().as_bytes());
-    digest.iter().take(16).fold(String::new(), |mut out, b| {
-        let _ = write!(out, "{b:02x}");
-        out
-    })
+    let mut digest = kontinuum_crds::names::sha256_hex(canonical.to_string().as_bytes());
+    digest.truncate(32);
+    digest
 }
 
 fn sorted(value: &Value) -> Value {

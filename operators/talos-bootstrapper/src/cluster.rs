@@ -689,6 +689,17 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
     pending |= !reset_released(&mut run, &world.members, &target).await;
     let mut action = control_plane_health(&mut run, &world, &target, &view).await;
     pending |= !workers(&mut run, &world, &target).await?;
+    let roll = crate::reconfigure::step(
+        &mut run,
+        &world.members,
+        &target.input,
+        &target.bundle,
+        &target.identity,
+    )
+    .await;
+    if let Some(soon) = roll {
+        action = Action::requeue(soon);
+    }
     let cp_ready = run.is_true(Cond::ControlPlaneReady);
     set_addons(&mut run, &world.addons, cp_ready);
     if pending {
@@ -1147,12 +1158,13 @@ fn set_addons(run: &mut Run<'_>, addons: &[Arc<Addon>], control_plane_ready: boo
 /// configured-mode Version with this cluster's admin identity proves it.
 /// The Talos side of configuring `member`: its config rendered and sent over the pinned
 /// maintenance connection, each call bounded by the dialer's timeouts.
-async fn send_config(ctx: &Ctx, target: &Target, member: &Member) -> Result<(), Error> {
+async fn send_config(ctx: &Ctx, target: &Target, member: &Member) -> Result<String, Error> {
     // Pinned: a machine config (a control plane's holds every cluster CA key) goes only to
     // the machine that was discovered; the handshake proves its key first.
     let config = machines::machine_config(&target.input, &target.bundle, member)?;
     let bytes = config.expose().as_bytes();
-    machines::apply_config(ctx.machines.as_ref(), member, &target.identity, bytes).await
+    machines::apply_config(ctx.machines.as_ref(), member, &target.identity, bytes).await?;
+    Ok(machines::config_hash(&config))
 }
 
 /// Configures `members` at once (at most [`crate::MEMBER_CONCURRENCY`] calls in flight), so
@@ -1161,7 +1173,7 @@ async fn send_configs<'m>(
     ctx: &Ctx,
     target: &Target,
     members: &[&'m Member],
-) -> Vec<(&'m Member, Result<(), Error>)> {
+) -> Vec<(&'m Member, Result<String, Error>)> {
     // The futures are made up front: a closure inside the stream would make the
     // reconcile's future not provably `Send` (a known limit of higher-ranked inference).
     let calls: Vec<_> = members
@@ -1179,13 +1191,17 @@ async fn send_configs<'m>(
 async fn record_config(
     run: &mut Run<'_>,
     member: &Member,
-    result: Result<(), Error>,
+    result: Result<String, Error>,
 ) -> Result<(), Error> {
-    if let Err(err) = result {
-        config_failed(run, member, &err).await;
-        return Err(err);
-    }
+    let hash = match result {
+        Ok(hash) => hash,
+        Err(err) => {
+            config_failed(run, member, &err).await;
+            return Err(err);
+        }
+    };
     info!(instance = %member.name, "machine configuration applied");
+    crate::reconfigure::record(&mut run.status, &member.name, hash, false);
     run.apply_member(&member.name, &plan::configured());
     if !run.status.configured_instances.contains(&member.name) {
         run.status.configured_instances.push(member.name.clone());

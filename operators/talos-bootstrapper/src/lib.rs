@@ -28,6 +28,7 @@ pub mod cluster;
 pub mod downstream;
 pub mod machines;
 pub mod plan;
+mod reconfigure;
 pub mod reset;
 mod teardown;
 

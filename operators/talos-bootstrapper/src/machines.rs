@@ -134,6 +134,15 @@ pub trait Machines: Send + Sync {
         identity: &'a ClientIdentity,
         graceful: bool,
     ) -> Call<'a, ()>;
+    /// ApplyConfiguration (mode AUTO) to a running member, as the cluster's `os:admin`:
+    /// Talos applies it live, or reboots when the change needs it. Returns whether it
+    /// reboots.
+    fn reconfigure<'a>(
+        &'a self,
+        member: &'a Member,
+        identity: &'a ClientIdentity,
+        config: &'a [u8],
+    ) -> Call<'a, bool>;
 }
 
 /// [`Machines`] over the network: each call dials the machine (bounded by the dialer's
@@ -153,6 +162,23 @@ impl Network {
 }
 
 impl Machines for Network {
+    fn reconfigure<'a>(
+        &'a self,
+        member: &'a Member,
+        identity: &'a ClientIdentity,
+        config: &'a [u8],
+    ) -> Call<'a, bool> {
+        Box::pin(async move {
+            let client = self.dialer.configured(member, identity).await?;
+            self.count("ApplyConfiguration");
+            client
+                .apply_configuration(config.to_vec(), ApplyMode::Auto)
+                .await
+                .map(|applied| applied.mode == ApplyMode::Reboot)
+                .map_err(Error::talos(&member.name))
+        })
+    }
+
     fn apply<'a>(&'a self, member: &'a Member, config: &'a [u8]) -> Call<'a, ()> {
         Box::pin(async move {
             let client = self.dialer.maintenance_pinned(member).await?;
@@ -401,6 +427,11 @@ pub fn machine_config(
     patched(config, &patches, &config_input.talos_version, &member.name)
 }
 
+/// SHA-256 (hex) of a machine config: what `status.machineConfigs[].hash` records.
+pub fn config_hash(config: &MachineConfig) -> String {
+    kontinuum_crds::names::sha256_hex(config.expose().as_bytes())
+}
+
 /// `config` with `patches` merged in order, as Talos merges them. The config is validated
 /// as Talos decodes and validates one after each patch, so the first patch that makes it
 /// invalid is the one named (the generated config itself is valid).
@@ -571,6 +602,19 @@ mod tests {
         }
         fn reset<'a>(&'a self, member: &'a Member, _: &'a ClientIdentity, _: bool) -> Call<'a, ()> {
             self.answer("Reset", member, self.reset, unit)
+        }
+        fn reconfigure<'a>(
+            &'a self,
+            member: &'a Member,
+            _: &'a ClientIdentity,
+            _: &'a [u8],
+        ) -> Call<'a, bool> {
+            self.answer(
+                "ApplyConfiguration (configured)",
+                member,
+                Answer::Ok,
+                |_| Some(false),
+            )
         }
     }
 

@@ -1450,7 +1450,14 @@ mod tests {
         let mut seen: BTreeSet<&str> = got.iter().map(|(_, _, r)| r.as_str()).collect();
         seen.extend(summary_reasons);
         // Written elsewhere: `Forbidden` by the reconcile's RBAC report, an Event reason.
-        let elsewhere = ["Forbidden", "TeardownDeadlineExceeded"];
+        // The roll of a changed config: reconfigure.rs (its decision, `next`, is tested there).
+        let elsewhere = [
+            "Forbidden",
+            "TeardownDeadlineExceeded",
+            "ConfigUpToDate",
+            "Reconfiguring",
+            "ReconfigureFailed",
+        ];
         // Declared in the vocabulary, written by no one yet (named in the note).
         let unused = ["AddonInstallFailed"];
         let all: BTreeSet<&str> = TalosClusterReason::ALL.iter().map(|r| r.as_str()).collect();

@@ -1,6 +1,7 @@
 //! Machine-config patches end to end: the cluster's, a pool's and an Instance's, merged in
 //! that order into what each emulated machine runs; a patch Talos would refuse stops its
-//! machine before anything is sent, and fixing it lets the machine join. Real test bed, the
+//! machine before anything is sent, and fixing it lets the machine join; a changed patch on
+//! the Ready cluster is rolled onto each machine in place, one at a time. Real test bed, the
 //! Talos emulator (strict decoding, a real downstream control plane), and
 //! instance-discovery, pool-claimer and talos-bootstrapper as processes.
 #![allow(
@@ -14,9 +15,10 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use kontinuum_crds::conditions;
-use kontinuum_crds::v1alpha2::Instance;
+use kontinuum_crds::v1alpha2::{Instance, TalosCluster, secrets_secret_name};
 use kontinuum_e2e::bootstrapper::{
     AddonsReady, create_cluster_with, create_instance, start_operators, wait_cluster,
 };
@@ -60,7 +62,7 @@ fn configured(instance: &Instance) -> Option<(String, String, String)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn patches_merge_in_order_and_an_invalid_one_sends_nothing() {
+async fn patches_merge_in_order_an_invalid_one_sends_nothing_and_a_change_rolls_in_place() {
     let (client, shared) = shared_client().await.unwrap();
     install_kontinuum_crds(&client).await.unwrap();
     let ns = namespace(&client, "patches").await.unwrap();
@@ -210,5 +212,96 @@ async fn patches_merge_in_order_and_an_invalid_one_sends_nothing() {
         Some(&json!("https://mirror.example"))
     );
     assert_eq!(emu.bootstrap_calls(cp), Some(1));
+
+    // A changed cluster patch on the Ready cluster: rolled onto each machine in place, the
+    // workers first, once each, with no Bootstrap and the same secrets bundle.
+    let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let bundle_version = |s: Secret| s.metadata.resource_version;
+    let bundle_before = bundle_version(secrets.get(&secrets_secret_name("eu-pt")).await.unwrap());
+    let applies_before: Vec<u32> = [cp, w1, w2]
+        .iter()
+        .map(|a| emu.apply_calls(*a).unwrap())
+        .collect();
+    assert_eq!(applies_before, [1, 1, 1]);
+    let mut cluster = clusters.get("eu-pt").await.unwrap();
+    cluster.spec.talos.as_mut().unwrap().config_patches[0]["machine"]["sysctls"]["vm.max_map_count"] =
+        json!("262144");
+    let patched = json!({ "spec": { "talos": { "configPatches": cluster.spec.talos.unwrap().config_patches } } });
+    clusters
+        .patch("eu-pt", &PatchParams::default(), &Patch::Merge(&patched))
+        .await
+        .unwrap();
+    let ready_throughout = std::sync::atomic::AtomicBool::new(true);
+    eventually(
+        LIMIT,
+        "ConfigUpToDate=True with every machine at its new config",
+        || {
+            let (clusters, emu) = (&clusters, &emu);
+            let ready_throughout = &ready_throughout;
+            async move {
+                let c = clusters.get("eu-pt").await?;
+                let conds = c.status.unwrap_or_default().conditions;
+                if !conditions::is_true(&conds, "Ready") {
+                    ready_throughout.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
+                let rolled = [cp, w1, w2].iter().all(|a| {
+                    emu.running_config(*a).is_some_and(|y| {
+                        y.contains("vm.max_map_count: '262144'")
+                            || y.contains("vm.max_map_count: \"262144\"")
+                    })
+                });
+                Ok(rolled && conditions::is_true(&conds, "ConfigUpToDate"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        ready_throughout.into_inner(),
+        "the cluster stayed Ready while its machines were reconfigured"
+    );
+    let applies_after: Vec<u32> = [cp, w1, w2]
+        .iter()
+        .map(|a| emu.apply_calls(*a).unwrap())
+        .collect();
+    assert_eq!(
+        applies_after,
+        [2, 2, 2],
+        "one ApplyConfiguration per machine"
+    );
+    assert_eq!(emu.bootstrap_calls(cp), Some(1), "nothing re-bootstrapped");
+    let bundle_after = bundle_version(secrets.get(&secrets_secret_name("eu-pt")).await.unwrap());
+    assert_eq!(
+        bundle_before, bundle_after,
+        "the secrets bundle is untouched"
+    );
+    // One at a time, control planes last: each second apply ended before the next began.
+    let second_apply = |a: Ipv4Addr| {
+        emu.calls(a)
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.rpc == "ApplyConfiguration")
+            .nth(1)
+            .unwrap()
+    };
+    let (a, b, c) = (second_apply(w1), second_apply(w2), second_apply(cp));
+    assert!(
+        a.ended_ms.unwrap() <= b.started_ms && b.ended_ms.unwrap() <= c.started_ms,
+        "w-1, w-2, then cp-1, one at a time: {a:?} {b:?} {c:?}"
+    );
+    let statuses = clusters.get("eu-pt").await.unwrap().status.unwrap();
+    let recorded: Vec<&str> = statuses
+        .machine_configs
+        .iter()
+        .map(|m| m.instance.as_str())
+        .collect();
+    assert_eq!(recorded, ["cp-1", "w-1", "w-2"]);
+    assert!(
+        statuses
+            .machine_configs
+            .iter()
+            .all(|m| m.hash.len() == 64 && !m.rebooting)
+    );
     emu.shutdown().await;
 }

@@ -21,7 +21,6 @@ use base64::Engine as _;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kontinuum_crds::labels::{IDENTITY_OVERLAP_UNTIL, REGION, ZONE};
 use serde_json::{Value, json};
-use sha2::{Digest as _, Sha256};
 
 /// The type of the hub Secrets that hold zone certificates (what the etcd proxy trusts).
 pub const SECRET_TYPE: &str = "kontinuum.sh/zone-identity";
@@ -104,13 +103,7 @@ pub fn issue(zone_name: &str) -> Result<Identity, IdentityError> {
 
 /// SHA-256 (lowercase hex) of `der`.
 pub fn thumbprint(der: &[u8]) -> String {
-    use std::fmt::Write as _;
-    Sha256::digest(der)
-        .iter()
-        .fold(String::with_capacity(64), |mut out, b| {
-            let _ = write!(out, "{b:02x}");
-            out
-        })
+    kontinuum_crds::names::sha256_hex(der)
 }
 
 /// The DER of every `CERTIFICATE` block of a PEM bundle, in order; anything else is skipped.

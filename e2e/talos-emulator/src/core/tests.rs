@@ -462,3 +462,35 @@ fn upgrade_installs_the_version_and_a_full_wipe_forgets_it() {
         .unwrap();
     assert_eq!(core.installed, None);
 }
+
+#[test]
+fn a_running_machine_reboots_only_for_what_does_not_apply_live() {
+    let base = String::from_utf8(config(0, MachineType::Worker, "w-1", "127.63.0.1")).unwrap();
+    let with = |from: &str, to: &str| {
+        assert!(base.contains(from), "{from}");
+        base.replacen(from, to, 1)
+    };
+    // Live: the cluster section, kubelet, registries, sysctls (a new key), install.
+    let live = [
+        with("clusterName: ", "clusterName: x"),
+        with(
+            "kubelet:\n",
+            "sysctls:\n    net.core.somaxconn: '1'\n  kubelet:\n",
+        ),
+        with("wipe: false", "wipe: true"),
+    ];
+    for new in &live {
+        assert!(!needs_reboot(&base, new), "{new}");
+    }
+    // Not live: the machine's environment, a missing v1alpha1 document.
+    let env = with(
+        "kubelet:\n",
+        "env:\n    HTTP_PROXY: http://proxy.example\n  kubelet:\n",
+    );
+    assert!(needs_reboot(&base, &env));
+    assert!(needs_reboot(
+        &base,
+        "apiVersion: v1alpha1\nkind: HostnameConfig\nhostname: w\n"
+    ));
+    assert!(!needs_reboot(&base, &base));
+}
