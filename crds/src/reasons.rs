@@ -328,6 +328,11 @@ vocabulary! {
         /// a time, workers first and control planes last; this does not gate `Ready` (the
         /// cluster keeps serving while it rolls).
         ConfigUpToDate,
+        /// The Kubernetes API endpoint survives the loss of any one control-plane machine:
+        /// `spec.controlPlane.endpoint` is set, or there is only one control plane (nothing
+        /// to share). False when several control planes share the first one's address. Not
+        /// a `Ready` gate: a warning for a person.
+        EndpointShared,
     }
 }
 
@@ -407,6 +412,13 @@ vocabulary! {
         /// makes it invalid (nothing sent); the roll halted there, the other members keep
         /// what they run. Fixing the patch resumes it.
         ReconfigureFailed,
+        /// `EndpointShared=True`: `spec.controlPlane.endpoint` names the endpoint.
+        EndpointConfigured,
+        /// `EndpointShared=True`: one control plane, whose address is the endpoint.
+        SingleControlPlane,
+        /// `EndpointShared=False`: several control planes, and the endpoint is the first
+        /// one's address: when it stops, every kubeconfig points at a dead address.
+        EndpointIsOneMachine,
         /// The operator's RBAC refuses a call it needs (an API 403 from the hub or the
         /// zone cluster); the message names the verb and resource when known. Retried with
         /// the normal backoff (a Role fix needs no spec change), but reported as this rather

@@ -7,7 +7,11 @@ local kind = {
   gates = { "Bootstrapped", "KubeconfigAvailable", "ControlPlaneReady", "AddonsReady" },
   -- Reasons only True conditions carry: Ready, Bootstrapped, KubeconfigAvailable, Healthy,
   -- AddonsInstalled, ConfigUpToDate (also a condition outside the gates: a config roll does
-  -- not make the cluster unhealthy, but a halted one is told by ReconfigureFailed). TeardownDeadlineExceeded is an Event reason, never a condition's.
+  -- not make the cluster unhealthy, but a halted one is told by ReconfigureFailed),
+  -- EndpointConfigured and SingleControlPlane (EndpointShared=True). EndpointShared is outside
+  -- the gates too: EndpointIsOneMachine (several control planes behind the first one's
+  -- address) is a warning about a working cluster, never on Ready, so it is not a verdict.
+  -- TeardownDeadlineExceeded is an Event reason, never a condition's.
   reasons = {
     Reconciling = "Progressing",
     WaitingForInstances = "Progressing",

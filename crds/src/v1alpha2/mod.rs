@@ -25,11 +25,11 @@ pub use kontinuum::{
     KontinuumStatus, LogConfig, OidcConfig, ServerConfig,
 };
 pub use talos_cluster::{
-    ControlPlane, ControlPlaneStatus, KUBECONFIG_KEY, KUBECONFIG_SECRET_COMPONENT,
-    KubernetesSettings, MachineConfigStatus, MachineTeardown, SECRETS_BUNDLE_KEY,
-    SECRETS_SECRET_COMPONENT, TALOSCONFIG_KEY, TalosCluster, TalosClusterSpec, TalosClusterStatus,
-    TalosSettings, TeardownOutcome, WorkerPool, WorkerPoolStatus, kubeconfig_secret_name,
-    secrets_secret_name,
+    ControlPlane, ControlPlaneEndpoint, ControlPlaneStatus, KUBECONFIG_KEY,
+    KUBECONFIG_SECRET_COMPONENT, KubernetesSettings, MachineConfigStatus, MachineTeardown,
+    SECRETS_BUNDLE_KEY, SECRETS_SECRET_COMPONENT, TALOSCONFIG_KEY, TalosCluster, TalosClusterSpec,
+    TalosClusterStatus, TalosSettings, TeardownOutcome, WorkerPool, WorkerPoolStatus,
+    kubeconfig_secret_name, secrets_secret_name,
 };
 pub use zone::{Zone, ZoneClusterTemplate, ZoneSeed, ZoneSpec, ZoneStatus};
 

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{ConfigPatch, LocalRef, Teardown};
 use crate::conditions::HasConditions;
-use crate::schema::{self, DNS1123_LABEL, MAX_LABEL_LEN, VERSION};
+use crate::schema::{self, DNS1123_LABEL, IP_OR_DNS_NAME, MAX_LABEL_LEN, MAX_NAME_LEN, VERSION};
 
 // A cluster's Secrets are split by who needs them (DESIGN section 1): the kubeconfig alone
 // in one, which the addon-installer and zone-installer read through `status.secretRef`; the
@@ -172,6 +172,13 @@ pub struct KubernetesSettings {
 /// The control plane of a cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "has(self.endpoint) == has(oldSelf.endpoint) && (!has(self.endpoint) || self.endpoint.host == oldSelf.endpoint.host)",
+        "fieldPath": ".endpoint",
+        "message": "spec.controlPlane.endpoint is immutable: set it when the cluster is created",
+    },
+]))]
 pub struct ControlPlane {
     /// The InstancePool whose Instances form the control plane. Immutable.
     #[schemars(extend("x-kubernetes-validations" = [
@@ -188,6 +195,25 @@ pub struct ControlPlane {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "schema::config_patches")]
     pub config_patches: Vec<ConfigPatch>,
+
+    /// The Kubernetes API endpoint every machine config and the stored kubeconfig use, and
+    /// that the API server's certificate names. Unset: the first control-plane machine's
+    /// address, which suits one control plane; with more, that one machine is a single point
+    /// of failure (`EndpointShared=False`). Immutable: set it when the cluster is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<ControlPlaneEndpoint>,
+}
+
+/// A Kubernetes API endpoint in front of the control-plane machines.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlaneEndpoint {
+    /// A load balancer's address or a DNS name resolving to the control-plane machines,
+    /// serving their API servers on port 6443: `https://<host>:6443` is the endpoint.
+    #[schemars(length(min = 1, max = MAX_NAME_LEN), extend("x-kubernetes-validations" = [
+        { "rule": IP_OR_DNS_NAME, "message": "spec.controlPlane.endpoint.host must be an IP address or a DNS name (a load balancer or a name in front of the control planes)" }
+    ]))]
+    pub host: String,
 }
 
 /// A named pool of worker machines.

@@ -43,6 +43,8 @@ pub struct ClusterSettings {
     pub local_api_server_port: Option<u16>,
     /// `cluster.controlPlane.endpoint`.
     pub endpoint: Option<String>,
+    /// `cluster.apiServer.certSANs`.
+    pub api_server_cert_sans: Vec<String>,
     /// `cluster.allowSchedulingOnControlPlanes` (Talos' default: false).
     pub allow_scheduling_on_control_planes: bool,
     /// `cluster.network.cni.name` (unset: Talos installs flannel).
@@ -181,6 +183,7 @@ pub fn read(bytes: &[u8]) -> Result<ClusterSettings, String> {
             .and_then(Value::as_u64)
             .and_then(|p| u16::try_from(p).ok()),
         endpoint: string(&["controlPlane", "endpoint"]),
+        api_server_cert_sans: strings(&["apiServer", "certSANs"]),
         allow_scheduling_on_control_planes: at(&["allowSchedulingOnControlPlanes"])
             .and_then(Value::as_bool)
             .unwrap_or(false),

@@ -517,7 +517,7 @@ impl Machine {
         lock(&self.inner)
     }
 
-    fn shared(&self) -> Option<Arc<Shared>> {
+    pub(crate) fn shared(&self) -> Option<Arc<Shared>> {
         self.shared.upgrade()
     }
 
@@ -885,7 +885,23 @@ impl Machine {
         } else {
             vec![hostname.clone()]
         };
+        // The node name first (run_cluster reads it), then what the config says the API
+        // server's certificate names: the cluster endpoint's host (a load balancer or DNS
+        // name in front of the machines) and `cluster.apiServer.certSANs`.
         cp_config.extra_dns = vec![hostname];
+        let endpoint_host = settings
+            .endpoint
+            .as_deref()
+            .and_then(core::endpoint_host)
+            .map(str::to_owned);
+        for san in endpoint_host
+            .into_iter()
+            .chain(settings.api_server_cert_sans.clone())
+        {
+            if san != address.to_string() && !cp_config.extra_dns.contains(&san) {
+                cp_config.extra_dns.push(san);
+            }
+        }
         *lock(&self.cluster) = Some(Arc::clone(&cluster));
         tracing::info!(instance = %self.facts.address, "bootstrapping");
         // The control plane's processes and its hostlet are children of the thread running

@@ -165,10 +165,18 @@ impl MachineService for Api {
                 "kubeconfig is only available on control plane nodes",
             ));
         };
-        let server = self
+        // As Talos: the cluster endpoint. When it names one of the machines, the address the
+        // control plane really serves on (its port may differ from the endpoint's when that
+        // was taken); a load balancer or name in front of them is taken as it is.
+        let host = core::endpoint_host(&config.cluster_endpoint).unwrap_or_default();
+        let names_a_machine = self
             .machine
-            .own_cluster()
-            .map_or_else(|| config.cluster_endpoint.clone(), |c| c.server.clone());
+            .shared()
+            .is_some_and(|shared| crate::find(&shared, host).is_some());
+        let server = match self.machine.own_cluster() {
+            Some(cluster) if names_a_machine => cluster.server.clone(),
+            _ => config.cluster_endpoint.clone(),
+        };
         let ca = CertAndKey {
             cert_pem: config.kubernetes_ca.cert_pem.clone(),
             key_pem: key,

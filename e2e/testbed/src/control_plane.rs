@@ -58,7 +58,7 @@ pub struct ControlPlaneConfig {
     pub port: u16,
     /// Fake (KWOK) nodes to create and wait for.
     pub nodes: Vec<String>,
-    /// Extra DNS names for the API server's serving certificate.
+    /// Extra DNS names (or IP addresses) for the API server's serving certificate.
     pub extra_dns: Vec<String>,
     /// CA to build the PKI around; a new one is generated when `None`.
     pub ca: Option<CertificateAuthority>,

@@ -234,8 +234,15 @@ impl Pki {
         .iter()
         .map(ToString::to_string)
         .collect();
-        dns.extend(extra_dns.iter().cloned());
         let mut ips = vec![address, service_ip];
+        // An IP address among the extra names is an IP SAN (a DNS SAN would not match it).
+        for name in extra_dns {
+            match name.parse::<IpAddr>() {
+                Ok(ip) if !ips.contains(&ip) => ips.push(ip),
+                Ok(_) => {}
+                Err(_) => dns.push(name.clone()),
+            }
+        }
         let localhost = IpAddr::from([127, 0, 0, 1]);
         if address != localhost {
             ips.push(localhost);

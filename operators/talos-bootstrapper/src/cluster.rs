@@ -658,7 +658,10 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
     let target = Target {
         input: ClusterInput {
             name: cluster.name_any(),
-            endpoint_host: endpoint.address.clone().unwrap_or_default(),
+            endpoint_host: configured_endpoint(cluster).map_or_else(
+                || endpoint.address.clone().unwrap_or_default(),
+                str::to_owned,
+            ),
             talos_version: version,
             kubernetes_version: kubernetes_version(cluster),
             patches: plan::Patches::of(cluster),
@@ -707,6 +710,12 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
     }
     run.status.observed_generation = cluster.metadata.generation;
     run.finish(action).await
+}
+
+/// `spec.controlPlane.endpoint.host`, when set.
+fn configured_endpoint(cluster: &TalosCluster) -> Option<&str> {
+    let endpoint = cluster.spec.control_plane.endpoint.as_ref()?;
+    Some(endpoint.host.as_str())
 }
 
 /// Reads the members and Addons, and records what follows from them alone: replica counts
@@ -819,9 +828,15 @@ fn endpoint(run: &mut Run<'_>, world: &World) -> Option<Member> {
         set_addons(run, &world.addons, false);
         return None;
     };
-    run.status.endpoint = Some(plan::endpoint_url(
-        endpoint.address.as_deref().unwrap_or_default(),
-    ));
+    let configured = configured_endpoint(run.cluster);
+    let host = configured.unwrap_or_else(|| endpoint.address.as_deref().unwrap_or_default());
+    run.status.endpoint = Some(plan::endpoint_url(host));
+    let control_planes = world.usable_control_plane().len();
+    run.apply_sets([plan::endpoint_shared(
+        configured,
+        control_planes,
+        &endpoint.name,
+    )]);
     Some(endpoint)
 }
 

@@ -404,12 +404,15 @@ pub fn machine_config(
         instance: member.name.clone(),
         source,
     })?;
-    let config_input = ConfigInput::new(
+    let mut config_input = ConfigInput::new(
         &input.name,
         &input.endpoint_host,
         version,
         &input.kubernetes_version,
     );
+    // The endpoint is in the API server's certificate (Talos adds it too; explicit here, so
+    // a load balancer's name is there whatever the Talos version).
+    config_input.api_server_cert_sans = vec![input.endpoint_host.clone()];
     let machine_type = match member.role {
         Role::ControlPlane => MachineType::ControlPlane,
         Role::Worker => MachineType::Worker,

@@ -619,6 +619,41 @@ pub fn no_control_plane(current: &[Condition]) -> Vec<ClusterSet> {
     .collect()
 }
 
+/// Pure: whether the cluster endpoint survives the loss of one control-plane machine:
+/// `spec.controlPlane.endpoint` (`configured`) is set, or there is one control plane;
+/// otherwise a warning naming the one machine everything points at.
+pub fn endpoint_shared(
+    configured: Option<&str>,
+    control_planes: usize,
+    member: &str,
+) -> ClusterSet {
+    let (status, reason, message) = match configured {
+        Some(host) => (
+            ConditionStatus::True,
+            Reason::EndpointConfigured,
+            format!(
+                "every machine config and the kubeconfig use {}",
+                endpoint_url(host)
+            ),
+        ),
+        None if control_planes <= 1 => (
+            ConditionStatus::True,
+            Reason::SingleControlPlane,
+            format!("one control plane: the endpoint is {member}'s address"),
+        ),
+        None => (
+            ConditionStatus::False,
+            Reason::EndpointIsOneMachine,
+            format!(
+                "{control_planes} control planes, but the endpoint is {member}'s address: if it \
+                 stops, every kubeconfig points at a dead address; a new cluster should set \
+                 spec.controlPlane.endpoint.host (a load balancer or DNS name in front of them)"
+            ),
+        ),
+    };
+    set(Cond::EndpointShared, status, reason, message)
+}
+
 /// Pure: while a possibly delivered Bootstrap is awaited.
 pub fn bootstrap_pending(message: String) -> Vec<ClusterSet> {
     vec![
@@ -1365,6 +1400,14 @@ mod tests {
                     teardown_waiting(1, Some("refused"), Deadline(t0)),
                 ],
             ),
+            (
+                "endpoint",
+                vec![
+                    endpoint_shared(Some("lb.example"), 3, "cp-1"),
+                    endpoint_shared(None, 1, "cp-1"),
+                    endpoint_shared(None, 3, "cp-1"),
+                ],
+            ),
         ];
         let expected = [
             (Cond::Bootstrapped, "False", Reason::UnsupportedTalosVersion),
@@ -1409,6 +1452,9 @@ mod tests {
             (Cond::AddonsReady, "False", Reason::AddonNotHealthy),
             (Cond::Deleting, "True", Reason::ResettingInstances),
             (Cond::Deleting, "True", Reason::TeardownFailed),
+            (Cond::EndpointShared, "True", Reason::EndpointConfigured),
+            (Cond::EndpointShared, "True", Reason::SingleControlPlane),
+            (Cond::EndpointShared, "False", Reason::EndpointIsOneMachine),
         ];
         let got: Vec<_> = cluster
             .iter()

@@ -1091,6 +1091,18 @@ async fn three_control_planes_and_two_workers_reach_ready_and_a_lost_member_is_n
     })
     .await
     .unwrap();
+    // Three control planes behind the first one's address: said, as a warning.
+    let (status, reason, message) = cluster_condition(&client, &ns, "eu-ha", "EndpointShared")
+        .await
+        .unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "EndpointIsOneMachine")
+    );
+    assert!(
+        message.contains("3 control planes") && message.contains("spec.controlPlane.endpoint.host"),
+        "{message}"
+    );
     let bootstraps: Vec<Option<u32>> = (1..=3)
         .map(|i| emu.bootstrap_calls(addr(first, i)))
         .collect();
