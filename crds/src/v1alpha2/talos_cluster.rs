@@ -211,7 +211,7 @@ pub struct ControlPlaneEndpoint {
     /// A load balancer's address or a DNS name resolving to the control-plane machines,
     /// serving their API servers on port 6443: `https://<host>:6443` is the endpoint.
     #[schemars(length(min = 1, max = MAX_NAME_LEN), extend("x-kubernetes-validations" = [
-        { "rule": IP_OR_DNS_NAME, "message": "spec.controlPlane.endpoint.host must be an IP address or a DNS name (a load balancer or a name in front of the control planes)" }
+        { "rule": IP_OR_DNS_NAME, "message": "endpoint.host must be an IP address or a DNS name (a load balancer or a name in front of the control planes)" }
     ]))]
     pub host: String,
 }

@@ -3,7 +3,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigPatch, Teardown};
+use super::{ConfigPatch, ControlPlaneEndpoint, Teardown};
 use crate::conditions::HasConditions;
 use crate::schema::{self, DNS1123_LABEL, DNS1123_SUBDOMAIN, MAX_LABEL_LEN, MAX_NAME_LEN, VERSION};
 
@@ -113,6 +113,13 @@ pub struct ZoneSeed {
 /// Template of a zone's TalosCluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "has(self.endpoint) == has(oldSelf.endpoint) && (!has(self.endpoint) || self.endpoint.host == oldSelf.endpoint.host)",
+        "fieldPath": ".endpoint",
+        "message": "spec.cluster.endpoint is immutable: set it when the zone is created",
+    },
+]))]
 pub struct ZoneClusterTemplate {
     /// Talos version of every machine, e.g. `v1.13.0`. Unset: the operators' default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,6 +141,12 @@ pub struct ZoneClusterTemplate {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "schema::config_patches")]
     pub config_patches: Vec<ConfigPatch>,
+
+    /// The Kubernetes API endpoint of the zone's cluster: the TalosCluster's
+    /// `spec.controlPlane.endpoint` (a load balancer or DNS name in front of the control
+    /// planes; see there). Unset: the first control-plane machine's address. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<ControlPlaneEndpoint>,
 }
 
 /// Observed state of a Zone.

@@ -143,6 +143,13 @@ pub struct ZoneAddArgs {
     #[arg(long = "patch", value_name = "FILE")]
     pub patches: Vec<std::path::PathBuf>,
 
+    /// The zone cluster's Kubernetes API endpoint: a load balancer or DNS name (IP or DNS
+    /// name) in front of its control planes, serving port 6443. Written into the Zone as
+    /// spec.cluster.endpoint.host; it cannot be changed later. Default: the first
+    /// control-plane machine's address (a single point of failure with more than one).
+    #[arg(long, value_name = "HOST")]
+    pub endpoint: Option<String>,
+
     /// On removal, delete the zone's Instances instead of releasing them for reuse.
     #[arg(long)]
     pub unregister_instances_on_delete: bool,

@@ -9,7 +9,8 @@ use kontinuum_crds::MAX_CONFIG_PATCHES;
 use kontinuum_crds::labels;
 use kontinuum_crds::names::{self, NameError};
 use kontinuum_crds::v1alpha2::{
-    ConfigPatch, Instance, InstanceSpec, Teardown, Zone, ZoneClusterTemplate, ZoneSeed, ZoneSpec,
+    ConfigPatch, ControlPlaneEndpoint, Instance, InstanceSpec, Teardown, Zone, ZoneClusterTemplate,
+    ZoneSeed, ZoneSpec,
 };
 use kube::api::ObjectMeta;
 use serde::Serialize;
@@ -72,11 +73,23 @@ pub fn zone(args: &ZoneAddArgs, namespace: &str) -> Result<Zone, Error> {
             format!("must be at least 1, got {replicas}"),
         ));
     }
+    let endpoint = match &args.endpoint {
+        Some(host) => Some(ControlPlaneEndpoint {
+            host: names::normalize_address(host).map_err(|_| {
+                invalid(
+                    "--endpoint",
+                    format!("{host:?} is neither an IP address nor a DNS name"),
+                )
+            })?,
+        }),
+        None => None,
+    };
     let cluster = ZoneClusterTemplate {
         talos_version,
         kubernetes_version,
         control_plane_replicas: args.control_plane_replicas,
         config_patches: read_patches(&args.patches)?,
+        endpoint,
     };
     let spec = ZoneSpec {
         region: args.region.clone(),
@@ -319,6 +332,7 @@ mod tests {
             kubernetes_version: None,
             control_plane_replicas: None,
             patches: vec![],
+            endpoint: None,
             unregister_instances_on_delete: false,
             force_conflicts: false,
             dry_run: None,
@@ -331,6 +345,22 @@ mod tests {
     #[allow(clippy::needless_pass_by_value)]
     fn message(err: Error) -> String {
         err.one_line()
+    }
+
+    #[test]
+    fn endpoint_becomes_the_zone_clusters_endpoint_and_a_bad_one_is_refused() {
+        let mut args = add("eu", "west-1a");
+        args.endpoint = Some("API.West-1a.Example.".into());
+        let added = zone(&args, "kontinuum-system").unwrap();
+        assert_eq!(
+            added.spec.cluster.unwrap().endpoint.map(|e| e.host),
+            Some("api.west-1a.example".to_owned())
+        );
+        args.endpoint = Some("not a host".into());
+        let err = message(zone(&args, "kontinuum-system").unwrap_err());
+        assert!(err.contains("--endpoint"), "{err}");
+        let plain = zone(&add("eu", "west-1a"), "kontinuum-system").unwrap();
+        assert!(plain.spec.cluster.is_none());
     }
 
     #[test]

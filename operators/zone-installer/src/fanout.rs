@@ -159,6 +159,9 @@ pub fn talos_cluster(zone: &Zone, owner: &Value) -> Value {
     let name = zone.name_any();
     let template = zone.spec.cluster.clone().unwrap_or_default();
     let mut spec = json!({ "controlPlane": { "poolRef": { "name": name } } });
+    if let Some(endpoint) = &template.endpoint {
+        spec["controlPlane"]["endpoint"] = json!({ "host": endpoint.host });
+    }
     if let Some(version) = template.talos_version {
         spec["talos"] = json!({ "version": version });
     }
@@ -355,6 +358,9 @@ mod tests {
                 serde_json::from_value(json!({ "machine": { "install": { "disk": "/dev/sda" } } }))
                     .unwrap(),
             ],
+            endpoint: Some(kontinuum_crds::v1alpha2::ControlPlaneEndpoint {
+                host: "api.west-1a.example".into(),
+            }),
         });
         let owner = zone_owner(&z).unwrap();
         let cluster = talos_cluster(&z, &owner);
@@ -373,6 +379,15 @@ mod tests {
         assert_eq!(
             cluster["spec"]["controlPlane"]["poolRef"]["name"],
             "eu-west-1a"
+        );
+        assert_eq!(
+            cluster["spec"]["controlPlane"]["endpoint"],
+            json!({ "host": "api.west-1a.example" })
+        );
+        assert!(
+            talos_cluster(&zone(&[]), &owner)["spec"]["controlPlane"]
+                .get("endpoint")
+                .is_none()
         );
         assert_eq!(cluster["spec"]["talos"]["version"], "v1.13.0");
         assert!(cluster["spec"].get("kubernetes").is_none());
