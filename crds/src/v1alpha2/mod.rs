@@ -27,9 +27,9 @@ pub use kontinuum::{
 pub use talos_cluster::{
     ControlPlane, ControlPlaneEndpoint, ControlPlaneStatus, KUBECONFIG_KEY,
     KUBECONFIG_SECRET_COMPONENT, KubernetesSettings, MachineConfigStatus, MachineTeardown,
-    SECRETS_BUNDLE_KEY, SECRETS_SECRET_COMPONENT, TALOSCONFIG_KEY, TalosCluster, TalosClusterSpec,
-    TalosClusterStatus, TalosSettings, TeardownOutcome, WorkerPool, WorkerPoolStatus,
-    kubeconfig_secret_name, secrets_secret_name,
+    SECRETS_BUNDLE_KEY, SECRETS_SECRET_COMPONENT, SharedVip, TALOSCONFIG_KEY, TalosCluster,
+    TalosClusterSpec, TalosClusterStatus, TalosSettings, TeardownOutcome, WorkerPool,
+    WorkerPoolStatus, kubeconfig_secret_name, secrets_secret_name,
 };
 pub use zone::{Zone, ZoneClusterTemplate, ZoneSeed, ZoneSpec, ZoneStatus};
 

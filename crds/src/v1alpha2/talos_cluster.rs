@@ -174,7 +174,7 @@ pub struct KubernetesSettings {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {
-        "rule": "has(self.endpoint) == has(oldSelf.endpoint) && (!has(self.endpoint) || self.endpoint.host == oldSelf.endpoint.host)",
+        "rule": "has(self.endpoint) == has(oldSelf.endpoint) && (!has(self.endpoint) || self.endpoint == oldSelf.endpoint)",
         "fieldPath": ".endpoint",
         "message": "spec.controlPlane.endpoint is immutable: set it when the cluster is created",
     },
@@ -204,17 +204,57 @@ pub struct ControlPlane {
     pub endpoint: Option<ControlPlaneEndpoint>,
 }
 
-/// A Kubernetes API endpoint in front of the control-plane machines.
+/// A Kubernetes API endpoint in front of the control-plane machines: exactly one of `host`
+/// and `vip`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    { "rule": "has(self.host) != has(self.vip)", "message": "endpoint: set exactly one of host (a load balancer or DNS name) and vip (a Talos shared IP)" }
+]))]
 pub struct ControlPlaneEndpoint {
     /// A load balancer's address or a DNS name resolving to the control-plane machines,
     /// serving their API servers on port 6443: `https://<host>:6443` is the endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = MAX_NAME_LEN), extend("x-kubernetes-validations" = [
         { "rule": IP_OR_DNS_NAME, "message": "endpoint.host must be an IP address or a DNS name (a load balancer or a name in front of the control planes)" }
     ]))]
-    pub host: String,
+    pub host: Option<String>,
+
+    /// A Talos shared (virtual) IP: one healthy control plane holds it, elected through
+    /// etcd, and another takes it over when that one stops (Talos' `Layer2VIPConfig` on
+    /// every control plane). The machines must share a layer-2 network and the address must
+    /// be a free one of their subnet. `https://<ip>:6443` is the endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip: Option<SharedVip>,
 }
+
+impl ControlPlaneEndpoint {
+    /// The endpoint's host: `host`, or the shared IP.
+    pub fn address(&self) -> Option<&str> {
+        self.host
+            .as_deref()
+            .or_else(|| self.vip.as_ref().map(|v| v.ip.as_str()))
+    }
+}
+
+/// A Talos shared (virtual) IP on the control planes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedVip {
+    /// The shared address (IPv4 or IPv6), free in the control planes' subnet.
+    #[schemars(length(min = 2, max = 45), extend("x-kubernetes-validations" = [
+        { "rule": "isIP(self)", "message": "endpoint.vip.ip must be an IP address" }
+    ]))]
+    pub ip: String,
+
+    /// The link (network interface) the address is put on, the same name on every control
+    /// plane, e.g. `eth0` or `enp1s0`.
+    #[schemars(length(min = 1, max = 15), pattern(LINK_NAME))]
+    pub link: String,
+}
+
+/// A Linux link name: no `/`, whitespace or `:`.
+const LINK_NAME: &str = "^[^/:\\s]+$";
 
 /// A named pool of worker machines.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

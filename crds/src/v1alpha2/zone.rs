@@ -115,7 +115,7 @@ pub struct ZoneSeed {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {
-        "rule": "has(self.endpoint) == has(oldSelf.endpoint) && (!has(self.endpoint) || self.endpoint.host == oldSelf.endpoint.host)",
+        "rule": "has(self.endpoint) == has(oldSelf.endpoint) && (!has(self.endpoint) || self.endpoint == oldSelf.endpoint)",
         "fieldPath": ".endpoint",
         "message": "spec.cluster.endpoint is immutable: set it when the zone is created",
     },
@@ -144,7 +144,8 @@ pub struct ZoneClusterTemplate {
 
     /// The Kubernetes API endpoint of the zone's cluster: the TalosCluster's
     /// `spec.controlPlane.endpoint` (a load balancer or DNS name in front of the control
-    /// planes; see there). Unset: the first control-plane machine's address. Immutable.
+    /// planes, or a Talos shared IP; see there). Unset: the first control-plane machine's
+    /// address. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<ControlPlaneEndpoint>,
 }

@@ -49,6 +49,9 @@ pub struct ClusterSettings {
     pub allow_scheduling_on_control_planes: bool,
     /// `cluster.network.cni.name` (unset: Talos installs flannel).
     pub cni: Option<String>,
+    /// The shared IP of a `Layer2VIPConfig` document (its `name`), or of
+    /// `machine.network.interfaces[].vip.ip`.
+    pub shared_vip: Option<std::net::IpAddr>,
 }
 
 impl ClusterSettings {
@@ -115,7 +118,7 @@ fn is_v4_cidr(cidr: &str) -> bool {
 }
 
 /// The port of `https://host:port/...` (`None` without one).
-fn endpoint_port(url: &str) -> Option<u16> {
+pub(crate) fn endpoint_port(url: &str) -> Option<u16> {
     let authority = url.strip_prefix("https://")?.split('/').next()?;
     let port = match authority.strip_prefix('[') {
         Some(v6) => v6.split_once("]:")?.1,
@@ -129,12 +132,16 @@ pub fn read(bytes: &[u8]) -> Result<ClusterSettings, String> {
     let text = std::str::from_utf8(bytes).map_err(|_| "the config is not UTF-8".to_owned())?;
     let documents: Vec<Value> =
         serde_saphyr::from_multiple(text).map_err(|e| format!("the config is not YAML: {e}"))?;
+    let shared_vip = shared_vip(&documents);
     let Some(cluster) = documents
         .iter()
         .find(|d| d.get("machine").is_some() || d.get("cluster").is_some())
         .and_then(|d| d.get("cluster"))
     else {
-        return Ok(ClusterSettings::default());
+        return Ok(ClusterSettings {
+            shared_vip,
+            ..ClusterSettings::default()
+        });
     };
     let at =
         |path: &[&str]| -> Option<&Value> { path.iter().try_fold(cluster, |v, key| v.get(*key)) };
@@ -188,6 +195,27 @@ pub fn read(bytes: &[u8]) -> Result<ClusterSettings, String> {
             .and_then(Value::as_bool)
             .unwrap_or(false),
         cni: string(&["network", "cni", "name"]),
+        shared_vip,
+    })
+}
+
+/// The shared IP a config's documents name: a `Layer2VIPConfig`'s `name`, else the first
+/// `machine.network.interfaces[].vip.ip` (Talos' older form).
+fn shared_vip(documents: &[Value]) -> Option<std::net::IpAddr> {
+    let typed = documents
+        .iter()
+        .filter(|d| d.get("kind").and_then(Value::as_str) == Some("Layer2VIPConfig"))
+        .find_map(|d| d.get("name")?.as_str()?.parse().ok());
+    typed.or_else(|| {
+        documents
+            .iter()
+            .find_map(|d| {
+                d.pointer("/machine/network/interfaces")?
+                    .as_array()
+                    .cloned()
+            })?
+            .iter()
+            .find_map(|i| i.pointer("/vip/ip")?.as_str()?.parse().ok())
     })
 }
 

@@ -4,7 +4,7 @@
 //!   `{"fault":"unavailable"}`, `{"fault":"reboot"}`, `{"fault":"replace"}` (a new maintenance
 //!   key: another machine at this address), the armed, one-shot fault points
 //!   `{"fault":"hang-after-bootstrap","seconds":60}`, `{"fault":"reboot-after-bootstrap"}`,
-//!   `{"fault":"drop-after-apply"}`, `{"fault":"refuse-after-apply"}`, or
+//!   `{"fault":"drop-after-apply"}`, `{"fault":"refuse-after-apply"}`, `{"fault":"power-off"}`, or
 //!   `{"fault":"clear"}` → `204`;
 //!   `404` for an unknown machine, `400` for a bad body.
 //! * `GET /machines` → one line `<address> <port> <mode>` per machine.

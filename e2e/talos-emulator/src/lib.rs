@@ -46,6 +46,7 @@ mod machine;
 pub mod nodes;
 pub mod pki;
 mod service;
+mod vip;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -132,6 +133,11 @@ pub enum Fault {
     /// Armed, once: the next ApplyConfiguration is carried out (the machine configured),
     /// then the call's connection is cut before the answer is sent.
     DropAfterApply,
+    /// Power the machine off: nothing answers (as [`Fault::Refuse`]) and it takes part in no
+    /// election: a shared IP it holds moves to another control plane once its lease's TTL
+    /// has passed (see [`Emulator::set_vip_lease_ttl`]). The cluster's API server, which
+    /// stands for every control plane's, keeps running. `Clear` powers it on again.
+    PowerOff,
     /// Remove every fault (also armed ones that have not fired).
     Clear,
 }
@@ -236,6 +242,9 @@ impl Emulator {
             )));
         }
 
+        // The shared-IP elections.
+        tasks.push(tokio::spawn(vip::run(Arc::downgrade(&shared))));
+
         // Bootstrapped control planes come back after a restart, as after a reboot.
         for machine in &shared.machines {
             if let Err(status) = machine.restart_control_plane() {
@@ -339,6 +348,20 @@ impl Emulator {
             .store(ms, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// How long a shared IP stays with a holder that powered off before another control
+    /// plane may take it (its etcd election lease's TTL; default 60 s, as Talos).
+    pub fn set_vip_lease_ttl(&self, ttl: Duration) {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.shared
+            .vip_lease_ttl_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The machine holding the shared IP `vip` now, if any.
+    pub fn vip_holder(&self, vip: std::net::IpAddr) -> Option<Ipv4Addr> {
+        vip::holder(&self.shared, vip)
+    }
+
     /// The recent calls of the machine at `address` (see [`CallRecord`]), or `None` for an
     /// unknown address.
     pub fn calls(&self, address: Ipv4Addr) -> Option<Vec<CallRecord>> {
@@ -392,6 +415,7 @@ pub(crate) async fn inject(shared: &Shared, address: &str, fault: Fault) -> Resu
             f.hang_until = Some(tokio::time::Instant::now() + Duration::from_secs(seconds));
         }),
         Fault::Refuse => machine.faults.send_modify(|f| f.refuse = true),
+        Fault::PowerOff => machine.faults.send_modify(|f| f.powered_off = true),
         Fault::Unavailable => machine.faults.send_modify(|f| f.unavailable = true),
         Fault::Clear => machine
             .faults

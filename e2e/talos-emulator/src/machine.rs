@@ -50,6 +50,11 @@ pub(crate) struct Shared {
     tools: Mutex<Option<Tools>>,
     /// How long a machine stays unreachable when a Reboot or Upgrade reboots it, in ms.
     pub reboot_downtime_ms: std::sync::atomic::AtomicU64,
+    /// How long a shared IP stays with a holder that powered off: the TTL of its etcd
+    /// election lease, in ms.
+    pub vip_lease_ttl_ms: std::sync::atomic::AtomicU64,
+    /// Who holds each shared IP now, for tests.
+    pub vip_holders: Mutex<BTreeMap<IpAddr, Ipv4Addr>>,
     /// The node agent, resolved on first use.
     agent: Mutex<Option<Agent>>,
 }
@@ -71,6 +76,8 @@ impl Shared {
             node_settings,
             tools: Mutex::new(None),
             reboot_downtime_ms: std::sync::atomic::AtomicU64::new(DEFAULT_REBOOT_DOWNTIME_MS),
+            vip_lease_ttl_ms: std::sync::atomic::AtomicU64::new(crate::vip::DEFAULT_LEASE_TTL_MS),
+            vip_holders: Mutex::new(BTreeMap::new()),
             agent: Mutex::new(None),
         }
     }
@@ -191,6 +198,10 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Faults injected through the control interface.
 #[derive(Clone, Debug, Default)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent switches: any combination can be injected"
+)]
 pub(crate) struct Faults {
     pub hang_until: Option<tokio::time::Instant>,
     pub refuse: bool,
@@ -198,6 +209,9 @@ pub(crate) struct Faults {
     /// Rebooting (a Reboot or Upgrade RPC): new connections are refused, as `refuse`, until
     /// the reboot's downtime is over.
     pub rebooting: bool,
+    /// Powered off ([`crate::Fault::PowerOff`]): nothing answers, as `refuse`, and it takes
+    /// part in no election (its shared IP's lease runs out).
+    pub powered_off: bool,
     /// Armed: what happens after the next Bootstrap took effect, before it is answered.
     pub after_bootstrap: Option<After>,
     /// Armed: what happens after the next ApplyConfiguration took effect.
@@ -1037,6 +1051,44 @@ impl Machine {
         self.carry_out(effects).await
     }
 
+    /// What this machine campaigns for, if it may hold a shared IP now: the IP, the port the
+    /// endpoint names, and its cluster's API server. A configured control plane whose config
+    /// names a shared IP, powered on and not rebooting, a member of a running cluster
+    /// (etcd up, as Talos waits for before it campaigns).
+    pub(crate) async fn vip_candidate(&self) -> Option<(IpAddr, u16, SocketAddr)> {
+        {
+            let faults = self.faults.borrow();
+            if faults.powered_off || faults.rebooting {
+                return None;
+            }
+        }
+        if !self
+            .active_config()
+            .is_some_and(|c| c.machine_type.is_control_plane())
+        {
+            return None;
+        }
+        let settings = self.cluster_settings();
+        let vip = settings.shared_vip?;
+        let port = settings
+            .endpoint
+            .as_deref()
+            .and_then(cluster_config::endpoint_port)
+            .unwrap_or(cluster_config::DEFAULT_LOCAL_API_PORT);
+        let cluster = self.member_of()?;
+        let hostname = self.lock().core.hostname(&self.facts);
+        let joined =
+            self.own_cluster().is_some() || cluster.joined.lock().await.contains_key(&hostname);
+        if !joined || cluster.client().await.is_err() {
+            return None;
+        }
+        let upstream = cluster
+            .server
+            .strip_prefix("https://")
+            .and_then(|a| a.parse().ok())?;
+        Some((vip, port, upstream))
+    }
+
     /// This machine's cluster (control planes that bootstrapped).
     pub(crate) fn own_cluster(&self) -> Option<Arc<Cluster>> {
         lock(&self.cluster).clone()
@@ -1080,7 +1132,11 @@ impl Machine {
                         .active_config()
                         .is_some_and(|c| c.machine_type.is_control_plane()),
                     joined: lock(&m.cluster).is_some() || joined.contains(&hostname),
-                    answering: !(faults.refuse || faults.rebooting || faults.unavailable || hung),
+                    answering: !(faults.refuse
+                        || faults.rebooting
+                        || faults.powered_off
+                        || faults.unavailable
+                        || hung),
                     hostname,
                 }
             })
@@ -1498,7 +1554,7 @@ pub(crate) async fn accept_loop(
     loop {
         let refuse = {
             let f = faults.borrow_and_update();
-            f.refuse || f.rebooting
+            f.refuse || f.rebooting || f.powered_off
         };
         if refuse {
             listener = None;

@@ -87,7 +87,7 @@ pub enum ZoneCommand {
     /// changes nothing, and a flag left out (e.g. a --talos-address) is removed from the
     /// Zone. `--dry-run=client -o yaml` prints the same object for a Git repository.
     #[command(after_help = EXIT_CODES_HELP)]
-    Add(ZoneAddArgs),
+    Add(Box<ZoneAddArgs>),
     /// Delete a Zone: its cluster is torn down and its machines released.
     #[command(after_help = EXIT_CODES_HELP)]
     Remove(ZoneRemoveArgs),
@@ -147,8 +147,20 @@ pub struct ZoneAddArgs {
     /// name) in front of its control planes, serving port 6443. Written into the Zone as
     /// spec.cluster.endpoint.host; it cannot be changed later. Default: the first
     /// control-plane machine's address (a single point of failure with more than one).
-    #[arg(long, value_name = "HOST")]
+    #[arg(long, value_name = "HOST", conflicts_with = "vip")]
     pub endpoint: Option<String>,
+
+    /// A Talos shared IP as the zone cluster's Kubernetes API endpoint: a free address of
+    /// the control planes' layer-2 subnet, held by one healthy control plane and taken over
+    /// by another when that one stops. Written into the Zone as spec.cluster.endpoint.vip;
+    /// it cannot be changed later.
+    #[arg(long, value_name = "IP")]
+    pub vip: Option<std::net::IpAddr>,
+
+    /// The link (network interface) the shared IP is put on, the same on every control
+    /// plane.
+    #[arg(long, value_name = "LINK", default_value = "eth0", requires = "vip")]
+    pub vip_link: String,
 
     /// On removal, delete the zone's Instances instead of releasing them for reuse.
     #[arg(long)]

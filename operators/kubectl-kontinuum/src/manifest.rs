@@ -9,8 +9,8 @@ use kontinuum_crds::MAX_CONFIG_PATCHES;
 use kontinuum_crds::labels;
 use kontinuum_crds::names::{self, NameError};
 use kontinuum_crds::v1alpha2::{
-    ConfigPatch, ControlPlaneEndpoint, Instance, InstanceSpec, Teardown, Zone, ZoneClusterTemplate,
-    ZoneSeed, ZoneSpec,
+    ConfigPatch, ControlPlaneEndpoint, Instance, InstanceSpec, SharedVip, Teardown, Zone,
+    ZoneClusterTemplate, ZoneSeed, ZoneSpec,
 };
 use kube::api::ObjectMeta;
 use serde::Serialize;
@@ -73,16 +73,36 @@ pub fn zone(args: &ZoneAddArgs, namespace: &str) -> Result<Zone, Error> {
             format!("must be at least 1, got {replicas}"),
         ));
     }
-    let endpoint = match &args.endpoint {
-        Some(host) => Some(ControlPlaneEndpoint {
-            host: names::normalize_address(host).map_err(|_| {
+    let endpoint = match (&args.endpoint, args.vip) {
+        (_, Some(ip)) => {
+            if args.vip_link.is_empty()
+                || args.vip_link.len() > 15
+                || args.vip_link.contains(['/', ':'])
+                || args.vip_link.contains(char::is_whitespace)
+            {
+                return Err(invalid(
+                    "--vip-link",
+                    format!("{:?} is not a link name", args.vip_link),
+                ));
+            }
+            Some(ControlPlaneEndpoint {
+                host: None,
+                vip: Some(SharedVip {
+                    ip: ip.to_string(),
+                    link: args.vip_link.clone(),
+                }),
+            })
+        }
+        (Some(host), None) => Some(ControlPlaneEndpoint {
+            host: Some(names::normalize_address(host).map_err(|_| {
                 invalid(
                     "--endpoint",
                     format!("{host:?} is neither an IP address nor a DNS name"),
                 )
-            })?,
+            })?),
+            vip: None,
         }),
-        None => None,
+        (None, None) => None,
     };
     let cluster = ZoneClusterTemplate {
         talos_version,
@@ -333,6 +353,8 @@ mod tests {
             control_plane_replicas: None,
             patches: vec![],
             endpoint: None,
+            vip: None,
+            vip_link: "eth0".into(),
             unregister_instances_on_delete: false,
             force_conflicts: false,
             dry_run: None,
@@ -353,7 +375,7 @@ mod tests {
         args.endpoint = Some("API.West-1a.Example.".into());
         let added = zone(&args, "kontinuum-system").unwrap();
         assert_eq!(
-            added.spec.cluster.unwrap().endpoint.map(|e| e.host),
+            added.spec.cluster.unwrap().endpoint.and_then(|e| e.host),
             Some("api.west-1a.example".to_owned())
         );
         args.endpoint = Some("not a host".into());
@@ -361,6 +383,28 @@ mod tests {
         assert!(err.contains("--endpoint"), "{err}");
         let plain = zone(&add("eu", "west-1a"), "kontinuum-system").unwrap();
         assert!(plain.spec.cluster.is_none());
+
+        let mut args = add("eu", "west-1a");
+        args.vip = Some("192.0.2.100".parse().unwrap());
+        args.vip_link = "enp1s0".into();
+        let endpoint = zone(&args, "kontinuum-system")
+            .unwrap()
+            .spec
+            .cluster
+            .unwrap()
+            .endpoint
+            .unwrap();
+        assert_eq!(endpoint.host, None);
+        assert_eq!(
+            endpoint.vip,
+            Some(SharedVip {
+                ip: "192.0.2.100".into(),
+                link: "enp1s0".into()
+            })
+        );
+        args.vip_link = "en p1".into();
+        let err = message(zone(&args, "kontinuum-system").unwrap_err());
+        assert!(err.contains("--vip-link"), "{err}");
     }
 
     #[test]

@@ -712,10 +712,9 @@ async fn apply(cluster: &TalosCluster, ctx: &Ctx) -> Result<Action, Error> {
     run.finish(action).await
 }
 
-/// `spec.controlPlane.endpoint.host`, when set.
+/// `spec.controlPlane.endpoint`'s host or shared IP, when set.
 fn configured_endpoint(cluster: &TalosCluster) -> Option<&str> {
-    let endpoint = cluster.spec.control_plane.endpoint.as_ref()?;
-    Some(endpoint.host.as_str())
+    cluster.spec.control_plane.endpoint.as_ref()?.address()
 }
 
 /// Reads the members and Addons, and records what follows from them alone: replica counts

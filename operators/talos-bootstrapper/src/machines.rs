@@ -675,6 +675,56 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_ip_is_a_layer2_vip_document_on_control_planes_only() {
+        let spec = serde_json::json!({
+            "controlPlane": {
+                "poolRef": { "name": "cp" },
+                "endpoint": { "vip": { "ip": "192.0.2.100", "link": "enp1s0" } },
+            },
+            "workers": [{ "name": "w", "poolRef": { "name": "w" } }],
+        });
+        let cluster =
+            kontinuum_crds::v1alpha2::TalosCluster::new("c", serde_json::from_value(spec).unwrap());
+        let vip_documents = |version: &str, role: Role| {
+            let input = ClusterInput {
+                name: "c".into(),
+                endpoint_host: "192.0.2.100".into(),
+                talos_version: TalosVersion::parse(version).unwrap(),
+                kubernetes_version: "1.32.0".into(),
+                patches: Patches::of(&cluster),
+            };
+            let mut m = member();
+            m.talos_version = Some(version.into());
+            m.role = role;
+            m.pool = if role == Role::ControlPlane {
+                "cp"
+            } else {
+                "w"
+            }
+            .into();
+            // Validated after the patch, for the machine's Talos line.
+            let config = machine_config(&input, &bundle(), &m).unwrap();
+            let documents: Vec<serde_json::Value> =
+                serde_saphyr::from_multiple(config.expose()).unwrap();
+            documents
+                .into_iter()
+                .filter(|d| d["kind"] == "Layer2VIPConfig")
+                .collect::<Vec<_>>()
+        };
+        for version in ["v1.12.0", "v1.13.0"] {
+            assert_eq!(
+                vip_documents(version, Role::ControlPlane),
+                [serde_json::json!({
+                    "apiVersion": "v1alpha1", "kind": "Layer2VIPConfig",
+                    "name": "192.0.2.100", "link": "enp1s0",
+                })],
+                "{version}"
+            );
+            assert!(vip_documents(version, Role::Worker).is_empty(), "{version}");
+        }
+    }
+
+    #[test]
     fn patches_merge_cluster_then_pool_then_instance_into_a_valid_config() {
         let mirror = serde_json::json!({ "machine": { "registries": { "mirrors": {
             "docker.io": { "endpoints": ["https://mirror.example"] },

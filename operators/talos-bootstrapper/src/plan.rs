@@ -96,6 +96,8 @@ impl Member {
 /// The machine-config patches of a cluster's spec: the cluster's, then each pool's.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Patches {
+    /// The control planes' `Layer2VIPConfig` of `spec.controlPlane.endpoint.vip`.
+    vip: Option<ConfigPatch>,
     cluster: Vec<ConfigPatch>,
     /// By InstancePool name: the field holding the pool's patches, and the patches.
     pools: BTreeMap<String, (String, Vec<ConfigPatch>)>,
@@ -131,7 +133,24 @@ impl Patches {
                 ),
             );
         }
+        let vip = spec
+            .control_plane
+            .endpoint
+            .as_ref()
+            .and_then(|e| e.vip.as_ref())
+            .map(|vip| {
+                [
+                    ("apiVersion", "v1alpha1"),
+                    ("kind", "Layer2VIPConfig"),
+                    ("name", vip.ip.as_str()),
+                    ("link", vip.link.as_str()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.into()))
+                .collect::<ConfigPatch>()
+            });
         Self {
+            vip,
             cluster: spec
                 .talos
                 .as_ref()
@@ -141,8 +160,9 @@ impl Patches {
         }
     }
 
-    /// The patches of `member`'s config, in merge order: the cluster's, its pool's, its
-    /// Instance's.
+    /// The patches of `member`'s config, in merge order: on a control plane the shared IP's
+    /// document first (a part of the generated config a patch may change), then the
+    /// cluster's, its pool's, its Instance's.
     pub fn for_member<'a>(&'a self, member: &'a Member) -> Vec<SourcedPatch<'a>> {
         let sourced = |field: &str, patches: &'a [ConfigPatch]| {
             let field = field.to_owned();
@@ -164,7 +184,15 @@ impl Patches {
             &format!("Instance {} spec.configPatches", member.name),
             &member.config_patches,
         );
-        cluster.chain(pool).chain(own).collect()
+        let vip = self
+            .vip
+            .iter()
+            .filter(|_| member.role == Role::ControlPlane)
+            .map(|patch| SourcedPatch {
+                source: "TalosCluster spec.controlPlane.endpoint.vip".to_owned(),
+                patch,
+            });
+        vip.chain(cluster).chain(pool).chain(own).collect()
     }
 }
 

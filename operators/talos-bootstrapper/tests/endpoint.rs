@@ -47,6 +47,32 @@ async fn load_balancer(listen: SocketAddr, upstream: SocketAddr) -> tokio::task:
     })
 }
 
+/// An emulator of `machines` machines from `first`, its API servers on 6443.
+async fn emulator(first: Ipv4Addr, machines: usize, name: &str) -> Emulator {
+    Emulator::start(Settings {
+        machines,
+        first_address: first,
+        port: 50000,
+        api_port: 6443,
+        dir: unique_dir(name),
+        control_addr: None,
+    })
+    .await
+    .unwrap()
+}
+
+/// The cluster says `endpoint` is its endpoint, one that survives a machine's loss.
+async fn assert_endpoint(client: &kube::Client, ns: &str, name: &str, endpoint: &str) {
+    let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), ns);
+    let status = clusters.get(name).await.unwrap().status.unwrap();
+    assert_eq!(status.endpoint.as_deref(), Some(endpoint));
+    let shared_endpoint = cluster_condition(client, ns, name, "EndpointShared").await;
+    assert_eq!(
+        shared_endpoint.map(|(s, r, _)| (s, r)),
+        Some(("True".to_owned(), "EndpointConfigured".to_owned()))
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_balancer_endpoint_is_in_every_config_the_certificate_and_the_kubeconfig() {
     let (client, shared) = shared_client().await.unwrap();
@@ -54,16 +80,7 @@ async fn a_load_balancer_endpoint_is_in_every_config_the_certificate_and_the_kub
     let ns = namespace(&client, "endpoint").await.unwrap();
     let cp = Ipv4Addr::new(127, 73, 0, 1);
     let lb = Ipv4Addr::new(127, 73, 0, 200);
-    let emu = Emulator::start(Settings {
-        machines: 1,
-        first_address: cp,
-        port: 50000,
-        api_port: 6443,
-        dir: unique_dir("emulator-endpoint"),
-        control_addr: None,
-    })
-    .await
-    .unwrap();
+    let emu = emulator(cp, 1, "emulator-endpoint").await;
     let _lb = load_balancer((lb, 6443).into(), (cp, 6443).into()).await;
     create_instance(&client, &ns, "cp-1", cp, "cp")
         .await
@@ -82,14 +99,7 @@ async fn a_load_balancer_endpoint_is_in_every_config_the_certificate_and_the_kub
         .unwrap();
 
     let endpoint = format!("https://{lb}:6443");
-    let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
-    let status = clusters.get("eu-lb").await.unwrap().status.unwrap();
-    assert_eq!(status.endpoint.as_deref(), Some(endpoint.as_str()));
-    let shared_endpoint = cluster_condition(&client, &ns, "eu-lb", "EndpointShared").await;
-    assert_eq!(
-        shared_endpoint.map(|(s, r, _)| (s, r)),
-        Some(("True".to_owned(), "EndpointConfigured".to_owned()))
-    );
+    assert_endpoint(&client, &ns, "eu-lb", &endpoint).await;
     // The config the machine runs.
     let yaml = emu.running_config(cp).unwrap();
     let documents: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
@@ -120,7 +130,7 @@ async fn a_load_balancer_endpoint_is_in_every_config_the_certificate_and_the_kub
 
     // Set at creation, for good.
     let moved = json!({ "spec": { "controlPlane": { "endpoint": { "host": "lb2.example" } } } });
-    let err = clusters
+    let err = Api::<TalosCluster>::namespaced(client.clone(), &ns)
         .patch("eu-lb", &PatchParams::default(), &Patch::Merge(&moved))
         .await
         .unwrap_err();
@@ -128,6 +138,134 @@ async fn a_load_balancer_endpoint_is_in_every_config_the_certificate_and_the_kub
         err.to_string()
             .contains("spec.controlPlane.endpoint is immutable"),
         "{err}"
+    );
+    emu.shutdown().await;
+}
+
+/// Three control planes with a Talos shared IP: every control plane's config carries the
+/// `Layer2VIPConfig`, the workers' none; one control plane holds the address and the stored
+/// kubeconfig works through it; that machine powered off, another takes the address once
+/// the election lease's TTL has passed and the same kubeconfig works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_vip_moves_to_another_control_plane_when_its_holder_powers_off() {
+    let (client, shared) = shared_client().await.unwrap();
+    install_kontinuum_crds(&client).await.unwrap();
+    let ns = namespace(&client, "endpoint-vip").await.unwrap();
+    let first = Ipv4Addr::new(127, 74, 0, 1);
+    let vip = Ipv4Addr::new(127, 74, 0, 100);
+    let emu = emulator(first, 4, "emulator-vip").await;
+    // Shorter than Talos' 60 s, so that the test waits less; the mechanism is the same.
+    let lease = Duration::from_secs(10);
+    emu.set_vip_lease_ttl(lease);
+    let machine = |i: u8| Ipv4Addr::new(127, 74, 0, i);
+    for (i, name, pool) in [
+        (1, "cp-1", "cp"),
+        (2, "cp-2", "cp"),
+        (3, "cp-3", "cp"),
+        (4, "w-1", "worker"),
+    ] {
+        create_instance(&client, &ns, name, machine(i), pool)
+            .await
+            .unwrap();
+    }
+    let (_operators, _) = start_operators(&client, shared, &ns, bin(), &[])
+        .await
+        .unwrap();
+    let _addons = AddonsReady::start(client.clone(), ns.clone());
+    create_cluster_with(&client, &ns, "eu-vip", 3, 1, false, |spec| {
+        spec["controlPlane"]["endpoint"] =
+            json!({ "vip": { "ip": vip.to_string(), "link": "eth0" } });
+    })
+    .await
+    .unwrap();
+    wait_cluster(&client, &ns, "eu-vip", "Ready", "True", LIMIT * 2)
+        .await
+        .unwrap();
+
+    let endpoint = format!("https://{vip}:6443");
+    assert_endpoint(&client, &ns, "eu-vip", &endpoint).await;
+    // The shared IP's document on the control planes only.
+    let vip_documents = |address: Ipv4Addr| -> Vec<Value> {
+        let yaml = emu.running_config(address).unwrap();
+        serde_saphyr::from_multiple::<Value>(&yaml)
+            .unwrap()
+            .into_iter()
+            .filter(|d| d["kind"] == "Layer2VIPConfig")
+            .collect()
+    };
+    for i in 1..=3 {
+        assert_eq!(
+            vip_documents(machine(i)),
+            [
+                json!({ "apiVersion": "v1alpha1", "kind": "Layer2VIPConfig", "name": vip.to_string(), "link": "eth0" })
+            ],
+            "cp-{i}"
+        );
+    }
+    assert!(
+        vip_documents(machine(4)).is_empty(),
+        "a worker holds no shared IP"
+    );
+
+    // The kubeconfig reaches the API through the shared IP.
+    let kubeconfig = stored_kubeconfig(&client, &ns, "eu-vip").await.unwrap();
+    assert!(kubeconfig.contains(&format!("server: {endpoint}")));
+    let nodes = |kubeconfig: String| async move {
+        let down = kontinuum_e2e::testbed::client_from(&kubeconfig).await?;
+        let listed = tokio::time::timeout(
+            Duration::from_secs(2),
+            Api::<Node>::all(down).list(&ListParams::default()),
+        )
+        .await??;
+        anyhow::Ok(listed.items.len())
+    };
+    assert_eq!(nodes(kubeconfig.clone()).await.unwrap(), 4);
+    let holder = emu
+        .vip_holder(vip.into())
+        .expect("a control plane holds the shared IP");
+    assert!((1..=3).map(machine).any(|m| m == holder), "{holder}");
+
+    // Its holder powers off: nothing answers at the shared IP until the lease has run out,
+    // then another control plane holds it and the same kubeconfig works.
+    emu.inject(holder, talos_emulator::Fault::PowerOff)
+        .await
+        .unwrap();
+    let lost = std::time::Instant::now();
+    // The address went with the machine (within the emulator's election tick).
+    loop {
+        if nodes(kubeconfig.clone()).await.is_err() {
+            break;
+        }
+        assert!(
+            lost.elapsed() < Duration::from_secs(5),
+            "the shared IP still answers after its holder powered off"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let back = loop {
+        if nodes(kubeconfig.clone()).await.is_ok_and(|n| n == 4) {
+            break lost.elapsed();
+        }
+        assert!(
+            lost.elapsed() < LIMIT,
+            "the API never answered on the shared IP again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let new_holder = emu
+        .vip_holder(vip.into())
+        .expect("the shared IP is held again");
+    assert_ne!(new_holder, holder);
+    assert!(
+        (1..=3).map(machine).any(|m| m == new_holder),
+        "{new_holder}"
+    );
+    assert!(
+        back >= lease,
+        "the address moved after {back:?}, before the powered-off holder's lease ran out"
+    );
+    println!(
+        "shared IP failover: the API answered on {vip} again {back:?} after {holder} powered off (lease TTL {lease:?}); now held by {new_holder}"
     );
     emu.shutdown().await;
 }

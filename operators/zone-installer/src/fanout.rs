@@ -160,7 +160,7 @@ pub fn talos_cluster(zone: &Zone, owner: &Value) -> Value {
     let template = zone.spec.cluster.clone().unwrap_or_default();
     let mut spec = json!({ "controlPlane": { "poolRef": { "name": name } } });
     if let Some(endpoint) = &template.endpoint {
-        spec["controlPlane"]["endpoint"] = json!({ "host": endpoint.host });
+        spec["controlPlane"]["endpoint"] = json!(endpoint);
     }
     if let Some(version) = template.talos_version {
         spec["talos"] = json!({ "version": version });
@@ -359,7 +359,8 @@ mod tests {
                     .unwrap(),
             ],
             endpoint: Some(kontinuum_crds::v1alpha2::ControlPlaneEndpoint {
-                host: "api.west-1a.example".into(),
+                host: Some("api.west-1a.example".into()),
+                vip: None,
             }),
         });
         let owner = zone_owner(&z).unwrap();

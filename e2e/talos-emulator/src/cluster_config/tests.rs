@@ -77,3 +77,23 @@ fn talos_defaults_and_what_cannot_be_honoured() {
     );
     assert!(read(b"cluster:\n  serviceAccount: {key: '%%%'}\n").is_err());
 }
+
+#[test]
+fn reads_the_shared_ip_of_either_form() {
+    assert_eq!(read(CONFIG.as_bytes()).unwrap().shared_vip, None);
+    let typed = format!(
+        "{CONFIG}---\napiVersion: v1alpha1\nkind: Layer2VIPConfig\nname: 127.70.0.100\nlink: eth0\n"
+    );
+    assert_eq!(
+        read(typed.as_bytes()).unwrap().shared_vip,
+        Some("127.70.0.100".parse().unwrap())
+    );
+    let legacy = CONFIG.replace(
+        "  type: controlplane\n",
+        "  type: controlplane\n  network:\n    interfaces:\n      - interface: eth0\n        dhcp: true\n        vip:\n          ip: 127.70.0.101\n",
+    );
+    assert_eq!(
+        read(legacy.as_bytes()).unwrap().shared_vip,
+        Some("127.70.0.101".parse().unwrap())
+    );
+}
