@@ -2,8 +2,9 @@
 //! `charts/kontinuum` onto a real hub whose only node is a hostlet, which runs the chart's
 //! pods as real processes. Every operator runs from its own Deployment on its own
 //! ServiceAccount token (in-cluster config: nothing started by hand, no admin credentials);
-//! a TalosCluster goes from emulated machines in maintenance mode to `Ready` with the
-//! fixture charts; the zones' side of the hub answers: etcd-proxy serves TLS with the
+//! a TalosCluster with a machine-config patch goes from emulated machines in maintenance
+//! mode to `Ready` with the fixture charts, the machine running the patched config, and a
+//! changed patch is rolled onto it in place (one ApplyConfiguration, no Bootstrap); the zones' side of the hub answers: etcd-proxy serves TLS with the
 //! chart's certificate in front of the store (a test-bed etcd, `store.external.endpoints`)
 //! and refuses a call without a token, the registry heartbeats the hub's Kontinuum and
 //! wires the CRD's conversion webhook to its Service, through which the API server then
@@ -33,13 +34,13 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kontinuum_crds::{v1alpha1, v1alpha2};
 use kontinuum_e2e::addons::ChartRepo;
-use kontinuum_e2e::bootstrapper::{create_cluster, create_instance, wait_cluster};
+use kontinuum_e2e::bootstrapper::{create_cluster_with, create_instance, wait_cluster};
 use kontinuum_e2e::chart::{self, OPERATORS, Store};
 use kontinuum_e2e::testbed::{ControlPlane, ControlPlaneConfig, HostletConfig, Tools, unique_dir};
 use kontinuum_e2e::{
     audit_writes, eventually, install_kontinuum_crds, service_account_user, workspace_binary,
 };
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt as _};
 use talos_emulator::{Emulator, Settings};
 
@@ -743,15 +744,68 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
         .await
         .unwrap();
     let created = Instant::now();
-    create_cluster(&client, flow, "eu-9a", 1, 0, false)
-        .await
-        .unwrap();
+    // With a machine-config patch (a registry mirror for every machine).
+    let mirror = |url: &str| {
+        serde_json::json!([{ "machine": { "registries": { "mirrors": {
+            "docker.io": { "endpoints": [url] },
+        } } } }])
+    };
+    create_cluster_with(&client, flow, "eu-9a", 1, 0, false, |spec| {
+        spec["talos"]["configPatches"] = mirror("https://mirror-a.example");
+    })
+    .await
+    .unwrap();
     wait_cluster(&client, flow, "eu-9a", "Ready", "True", LIMIT)
         .await
         .unwrap();
     eprintln!(
         "TalosCluster creation to Ready through the chart's pods: {:?}",
         created.elapsed()
+    );
+    let runs_mirror = |url: &str| {
+        emulator
+            .running_config(first)
+            .is_some_and(|yaml| yaml.contains(url))
+    };
+    assert!(
+        runs_mirror("https://mirror-a.example"),
+        "the machine runs the patched config"
+    );
+    assert_eq!(emulator.apply_calls(first), Some(1));
+    // The patch changed on the Ready cluster: the chart's bootstrapper rolls it onto the
+    // machine in place, one ApplyConfiguration, no Bootstrap, Ready throughout.
+    let clusters = Api::<v1alpha2::TalosCluster>::namespaced(client.clone(), flow);
+    let changed = serde_json::json!({ "spec": { "talos": { "configPatches": mirror("https://mirror-b.example") } } });
+    let changed_at = Instant::now();
+    clusters
+        .patch("eu-9a", &PatchParams::default(), &Patch::Merge(&changed))
+        .await
+        .unwrap();
+    wait_for("the changed patch rolled onto the machine", || {
+        let clusters = clusters.clone();
+        let rolled = runs_mirror("https://mirror-b.example");
+        async move {
+            let conditions = clusters.get("eu-9a").await.ok()?.status?.conditions;
+            let ready = kontinuum_crds::conditions::is_true(&conditions, "Ready");
+            let current = kontinuum_crds::conditions::is_true(&conditions, "ConfigUpToDate");
+            assert!(ready, "the cluster stayed Ready while it was reconfigured");
+            (rolled && current).then_some(())
+        }
+    })
+    .await;
+    eprintln!(
+        "changed patch to rolled through the chart's bootstrapper: {:?}",
+        changed_at.elapsed()
+    );
+    assert_eq!(
+        emulator.apply_calls(first),
+        Some(2),
+        "one ApplyConfiguration"
+    );
+    assert_eq!(
+        emulator.bootstrap_calls(first),
+        Some(1),
+        "nothing re-bootstrapped"
     );
     // The writes came from the operators' own ServiceAccounts (the audit log's users);
     // etcd-proxy writes nothing to Kubernetes at all.
