@@ -329,3 +329,77 @@ pub async fn start_bootstrapper(
     args.extend(extra);
     Operator::start(bin, "talos-bootstrapper", kubeconfig, &args).await
 }
+
+/// The number of Nodes the API server behind `kubeconfig` lists, within 2 s.
+pub async fn node_count(kubeconfig: &str) -> anyhow::Result<usize> {
+    let down = testbed::client_from(kubeconfig).await?;
+    let listed = tokio::time::timeout(
+        Duration::from_secs(2),
+        Api::<k8s_openapi::api::core::v1::Node>::all(down).list(&kube::api::ListParams::default()),
+    )
+    .await
+    .context("listing Nodes timed out")??;
+    Ok(listed.items.len())
+}
+
+/// Powers off the machine holding the shared IP `vip` (a control plane of the cluster
+/// `kubeconfig` reaches through it, `nodes` Nodes) and waits for the API to answer there
+/// again: first the address must stop answering, then answer with every Node, from another
+/// of `control_planes`, no sooner than the election `lease`. Returns the time from the
+/// power-off to the answer, the old holder and the new.
+pub async fn shared_ip_failover(
+    emu: &talos_emulator::Emulator,
+    kubeconfig: &str,
+    vip: Ipv4Addr,
+    nodes: usize,
+    control_planes: &[Ipv4Addr],
+    lease: Duration,
+) -> anyhow::Result<(Duration, Ipv4Addr, Ipv4Addr)> {
+    let holder = emu
+        .vip_holder(vip.into())
+        .context("no control plane holds the shared IP")?;
+    anyhow::ensure!(
+        control_planes.contains(&holder),
+        "{holder} is no control plane"
+    );
+    anyhow::ensure!(
+        node_count(kubeconfig).await? == nodes,
+        "not every Node is listed"
+    );
+    emu.inject(holder, talos_emulator::Fault::PowerOff).await?;
+    let lost = std::time::Instant::now();
+    // The address went with the machine (within the emulator's election tick).
+    while node_count(kubeconfig).await.is_ok() {
+        anyhow::ensure!(
+            lost.elapsed() < Duration::from_secs(5),
+            "the shared IP still answers after its holder powered off"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let back = loop {
+        if node_count(kubeconfig).await.is_ok_and(|n| n == nodes) {
+            break lost.elapsed();
+        }
+        anyhow::ensure!(
+            lost.elapsed() < lease + Duration::from_secs(60),
+            "the API never answered on the shared IP again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let new_holder = emu
+        .vip_holder(vip.into())
+        .context("the shared IP is not held again")?;
+    anyhow::ensure!(
+        new_holder != holder,
+        "the powered-off machine still holds it"
+    );
+    anyhow::ensure!(
+        control_planes.contains(&new_holder),
+        "{new_holder} is no control plane"
+    );
+    anyhow::ensure!(
+        back >= lease,
+        "the address moved after {back:?}, before the powered-off holder's lease ran out"
+    );
+    Ok((back, holder, new_holder))
+}

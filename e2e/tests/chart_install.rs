@@ -4,7 +4,9 @@
 //! ServiceAccount token (in-cluster config: nothing started by hand, no admin credentials);
 //! a TalosCluster with a machine-config patch goes from emulated machines in maintenance
 //! mode to `Ready` with the fixture charts, the machine running the patched config, and a
-//! changed patch is rolled onto it in place (one ApplyConfiguration, no Bootstrap); the zones' side of the hub answers: etcd-proxy serves TLS with the
+//! changed patch is rolled onto it in place (one ApplyConfiguration, no Bootstrap), and
+//! three control planes behind a Talos shared IP keep their kubeconfig working when the
+//! holder powers off; the zones' side of the hub answers: etcd-proxy serves TLS with the
 //! chart's certificate in front of the store (a test-bed etcd, `store.external.endpoints`)
 //! and refuses a call without a token, the registry heartbeats the hub's Kontinuum and
 //! wires the CRD's conversion webhook to its Service, through which the API server then
@@ -34,7 +36,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kontinuum_crds::{v1alpha1, v1alpha2};
 use kontinuum_e2e::addons::ChartRepo;
-use kontinuum_e2e::bootstrapper::{create_cluster_with, create_instance, wait_cluster};
+use kontinuum_e2e::bootstrapper::{
+    create_cluster_with, create_instance, shared_ip_failover, stored_kubeconfig, wait_cluster,
+};
 use kontinuum_e2e::chart::{self, OPERATORS, Store};
 use kontinuum_e2e::testbed::{ControlPlane, ControlPlaneConfig, HostletConfig, Tools, unique_dir};
 use kontinuum_e2e::{
@@ -722,16 +726,19 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
 
     // 3. A TalosCluster from emulated machines to Ready, through the installed operators.
     install_kontinuum_crds(&client).await.unwrap();
-    let flow = "flow";
-    let ns_obj: k8s_openapi::api::core::v1::Namespace =
-        serde_json::from_value(serde_json::json!({ "metadata": { "name": flow } })).unwrap();
-    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns_obj)
-        .await
-        .unwrap();
+    // One namespace for a cluster of one machine, one for three control planes.
+    let (flow, ha) = ("flow", "flow-vip");
+    for name in [flow, ha] {
+        let ns_obj: k8s_openapi::api::core::v1::Namespace =
+            serde_json::from_value(serde_json::json!({ "metadata": { "name": name } })).unwrap();
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns_obj)
+            .await
+            .unwrap();
+    }
     let first = Ipv4Addr::new(127, 99, 0, 1);
     let emulator = Emulator::start(Settings {
-        machines: 1,
+        machines: 4,
         first_address: first,
         port: 50000,
         api_port: 6443,
@@ -743,15 +750,31 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
     create_instance(&client, flow, "m-1", first, "cp")
         .await
         .unwrap();
+    // Machine-config patches at every level: the machine's static address and the last word
+    // on a sysctl each level sets (Instance), its pool's install disk, and a registry mirror
+    // for every machine (cluster).
+    let sysctl = |v: &str| serde_json::json!({ "net.core.somaxconn": v });
+    let own = serde_json::json!({ "spec": { "configPatches": [{ "machine": {
+        "network": { "interfaces": [{ "interface": "eth0", "addresses": ["10.0.0.5/24"] }] },
+        "sysctls": sysctl("3"),
+    } }] } });
+    Api::<v1alpha2::Instance>::namespaced(client.clone(), flow)
+        .patch("m-1", &PatchParams::default(), &Patch::Merge(&own))
+        .await
+        .unwrap();
     let created = Instant::now();
-    // With a machine-config patch (a registry mirror for every machine).
     let mirror = |url: &str| {
-        serde_json::json!([{ "machine": { "registries": { "mirrors": {
-            "docker.io": { "endpoints": [url] },
-        } } } }])
+        serde_json::json!([{ "machine": {
+            "registries": { "mirrors": { "docker.io": { "endpoints": [url] } } },
+            "sysctls": sysctl("1"),
+        } }])
     };
     create_cluster_with(&client, flow, "eu-9a", 1, 0, false, |spec| {
         spec["talos"]["configPatches"] = mirror("https://mirror-a.example");
+        spec["controlPlane"]["configPatches"] = serde_json::json!([{ "machine": {
+            "install": { "disk": "/dev/sda", "diskSelector": { "$patch": "delete" } },
+            "sysctls": sysctl("2"),
+        } }]);
     })
     .await
     .unwrap();
@@ -770,6 +793,25 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
     assert!(
         runs_mirror("https://mirror-a.example"),
         "the machine runs the patched config"
+    );
+    let running: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&emulator.running_config(first).unwrap()).unwrap();
+    let main = running.iter().find(|d| d.get("kind").is_none()).unwrap();
+    let at = |path: &str| main.pointer(path).cloned();
+    assert_eq!(
+        (
+            at("/machine/install/disk"),
+            at("/machine/install/diskSelector"),
+            at("/machine/network/interfaces/0/addresses/0"),
+            at("/machine/sysctls/net.core.somaxconn"),
+        ),
+        (
+            Some(serde_json::json!("/dev/sda")),
+            None,
+            Some(serde_json::json!("10.0.0.5/24")),
+            Some(serde_json::json!("3")),
+        ),
+        "merged cluster, then pool, then Instance"
     );
     assert_eq!(emulator.apply_calls(first), Some(1));
     // The patch changed on the Ready cluster: the chart's bootstrapper rolls it onto the
@@ -806,6 +848,36 @@ async fn helm_install_runs_the_operators_for_real_and_a_cluster_becomes_ready() 
         emulator.bootstrap_calls(first),
         Some(1),
         "nothing re-bootstrapped"
+    );
+
+    // Three control planes behind a Talos shared IP, through the chart's operators: its
+    // holder powered off, the stored kubeconfig works again through the next one.
+    let vip = Ipv4Addr::new(127, 99, 0, 100);
+    let lease = Duration::from_secs(10);
+    emulator.set_vip_lease_ttl(lease);
+    let control_planes: Vec<Ipv4Addr> = (2..=4).map(|i| Ipv4Addr::new(127, 99, 0, i)).collect();
+    for (i, address) in control_planes.iter().enumerate() {
+        create_instance(&client, ha, &format!("v-{}", i + 1), *address, "cp")
+            .await
+            .unwrap();
+    }
+    create_cluster_with(&client, ha, "eu-9b", 3, 0, false, |spec| {
+        spec["controlPlane"]["endpoint"] =
+            serde_json::json!({ "vip": { "ip": vip.to_string(), "link": "eth0" } });
+    })
+    .await
+    .unwrap();
+    wait_cluster(&client, ha, "eu-9b", "Ready", "True", LIMIT)
+        .await
+        .unwrap();
+    let zone_kubeconfig = stored_kubeconfig(&client, ha, "eu-9b").await.unwrap();
+    assert!(zone_kubeconfig.contains(&format!("server: https://{vip}:6443")));
+    let (back, holder, new_holder) =
+        shared_ip_failover(&emulator, &zone_kubeconfig, vip, 3, &control_planes, lease)
+            .await
+            .unwrap();
+    eprintln!(
+        "shared IP failover through the chart's operators: the API answered on {vip} again {back:?} after {holder} powered off (lease TTL {lease:?}); now held by {new_holder}"
     );
     // The writes came from the operators' own ServiceAccounts (the audit log's users);
     // etcd-proxy writes nothing to Kubernetes at all.

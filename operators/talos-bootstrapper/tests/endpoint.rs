@@ -14,15 +14,14 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
 use kontinuum_crds::v1alpha2::TalosCluster;
 use kontinuum_e2e::bootstrapper::{
-    AddonsReady, cluster_condition, create_cluster_with, create_instance, start_operators,
-    stored_kubeconfig, wait_cluster,
+    AddonsReady, cluster_condition, create_cluster_with, create_instance, node_count,
+    shared_ip_failover, start_operators, stored_kubeconfig, wait_cluster,
 };
 use kontinuum_e2e::testbed::unique_dir;
 use kontinuum_e2e::{install_kontinuum_crds, namespace, shared_client};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use talos_emulator::{Emulator, Settings};
 use tokio::net::{TcpListener, TcpStream};
@@ -119,14 +118,7 @@ async fn a_load_balancer_endpoint_is_in_every_config_the_certificate_and_the_kub
         kubeconfig.contains(&format!("server: {endpoint}")),
         "the kubeconfig's server is the load balancer"
     );
-    let down = kontinuum_e2e::testbed::client_from(&kubeconfig)
-        .await
-        .unwrap();
-    let nodes = Api::<Node>::all(down)
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    assert_eq!(nodes.items.len(), 1);
+    assert_eq!(node_count(&kubeconfig).await.unwrap(), 1);
 
     // Set at creation, for good.
     let moved = json!({ "spec": { "controlPlane": { "endpoint": { "host": "lb2.example" } } } });
@@ -207,63 +199,16 @@ async fn a_shared_vip_moves_to_another_control_plane_when_its_holder_powers_off(
         "a worker holds no shared IP"
     );
 
-    // The kubeconfig reaches the API through the shared IP.
+    // The kubeconfig reaches the API through the shared IP; its holder powers off: nothing
+    // answers there until the lease has run out, then another control plane holds it and
+    // the same kubeconfig works.
     let kubeconfig = stored_kubeconfig(&client, &ns, "eu-vip").await.unwrap();
     assert!(kubeconfig.contains(&format!("server: {endpoint}")));
-    let nodes = |kubeconfig: String| async move {
-        let down = kontinuum_e2e::testbed::client_from(&kubeconfig).await?;
-        let listed = tokio::time::timeout(
-            Duration::from_secs(2),
-            Api::<Node>::all(down).list(&ListParams::default()),
-        )
-        .await??;
-        anyhow::Ok(listed.items.len())
-    };
-    assert_eq!(nodes(kubeconfig.clone()).await.unwrap(), 4);
-    let holder = emu
-        .vip_holder(vip.into())
-        .expect("a control plane holds the shared IP");
-    assert!((1..=3).map(machine).any(|m| m == holder), "{holder}");
-
-    // Its holder powers off: nothing answers at the shared IP until the lease has run out,
-    // then another control plane holds it and the same kubeconfig works.
-    emu.inject(holder, talos_emulator::Fault::PowerOff)
-        .await
-        .unwrap();
-    let lost = std::time::Instant::now();
-    // The address went with the machine (within the emulator's election tick).
-    loop {
-        if nodes(kubeconfig.clone()).await.is_err() {
-            break;
-        }
-        assert!(
-            lost.elapsed() < Duration::from_secs(5),
-            "the shared IP still answers after its holder powered off"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let back = loop {
-        if nodes(kubeconfig.clone()).await.is_ok_and(|n| n == 4) {
-            break lost.elapsed();
-        }
-        assert!(
-            lost.elapsed() < LIMIT,
-            "the API never answered on the shared IP again"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let new_holder = emu
-        .vip_holder(vip.into())
-        .expect("the shared IP is held again");
-    assert_ne!(new_holder, holder);
-    assert!(
-        (1..=3).map(machine).any(|m| m == new_holder),
-        "{new_holder}"
-    );
-    assert!(
-        back >= lease,
-        "the address moved after {back:?}, before the powered-off holder's lease ran out"
-    );
+    let control_planes: Vec<Ipv4Addr> = (1..=3).map(machine).collect();
+    let (back, holder, new_holder) =
+        shared_ip_failover(&emu, &kubeconfig, vip, 4, &control_planes, lease)
+            .await
+            .unwrap();
     println!(
         "shared IP failover: the API answered on {vip} again {back:?} after {holder} powered off (lease TTL {lease:?}); now held by {new_holder}"
     );
