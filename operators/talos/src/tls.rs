@@ -17,12 +17,12 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
+use kontinuum_crds::names::sha256_hex;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms, ring};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use sha2::{Digest, Sha256};
 
 use crate::error::IdentityError;
 
@@ -96,16 +96,6 @@ impl PeerCertificate {
             }),
         }
     }
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .fold(String::with_capacity(64), |mut s, b| {
-            use fmt::Write;
-            let _ = write!(s, "{b:02x}");
-            s
-        })
 }
 
 /// Rewrites Talos' non-standard `ED25519 PRIVATE KEY` PEM label to `PRIVATE KEY`; the body
