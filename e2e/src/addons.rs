@@ -183,6 +183,29 @@ pub async fn start_addon_installer(
     Operator::start(bin, "addon-installer", kubeconfig, &args).await
 }
 
+/// Starts the workspace's addon-installer for `namespace` as the chart runs it: its
+/// ClusterRole installed, a service account of `namespace` bound to it, and
+/// [`start_addon_installer`] with that account's kubeconfig.
+pub async fn start_addon_installer_with_role(
+    client: &Client,
+    shared: &crate::testbed::Shared,
+    namespace: &str,
+    mirror: &str,
+    extra: &[&str],
+) -> anyhow::Result<Operator> {
+    install_addon_installer_role(client).await?;
+    let kubeconfig = crate::service_account_kubeconfig(
+        client,
+        shared,
+        namespace,
+        "addon-installer",
+        ADDON_INSTALLER_ROLE,
+    )
+    .await?;
+    let bin = crate::workspace_binary("addon-installer")?;
+    start_addon_installer(&bin, &kubeconfig, namespace, mirror, extra).await
+}
+
 /// Starts a downstream cluster (a real control plane with one KWOK node) on its own
 /// loopback address `127.70.<pid>.<n>`, as a zone cluster would be.
 pub async fn downstream_cluster(tools: &Tools, prefix: &str) -> anyhow::Result<ControlPlane> {

@@ -21,6 +21,7 @@ pub use kontinuum_testbed as testbed;
 pub mod addons;
 pub mod api_proxy;
 pub mod bootstrapper;
+pub mod chaos;
 pub mod chart;
 pub mod zone;
 
@@ -207,6 +208,18 @@ pub struct Operator {
     pub admin: std::net::SocketAddr,
     /// The log file.
     pub log: PathBuf,
+    /// How it was started, for [`Operator::restart`].
+    launch: Launch,
+}
+
+/// An operator's command line and the admin path that says it has started.
+#[derive(Clone)]
+struct Launch {
+    bin: PathBuf,
+    name: String,
+    kubeconfig: PathBuf,
+    args: Vec<String>,
+    path: String,
 }
 
 impl Operator {
@@ -232,6 +245,41 @@ impl Operator {
         args: &[&str],
         path: &str,
     ) -> anyhow::Result<Self> {
+        Self::launch(Launch {
+            bin: bin.to_path_buf(),
+            name: name.to_owned(),
+            kubeconfig: kubeconfig.to_path_buf(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            path: path.to_owned(),
+        })
+        .await
+    }
+
+    /// Kills the process (SIGKILL, as a crash would) unless it has exited already, and
+    /// starts it again with the same command line, on a new admin port and log file,
+    /// waiting as [`Operator::start_until`] does.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        if self.child.try_wait()?.is_none() {
+            self.kill().await?;
+        }
+        *self = Self::launch(self.launch.clone()).await?;
+        Ok(())
+    }
+
+    /// The operator's name, as given to [`Operator::start`].
+    pub fn name(&self) -> &str {
+        &self.launch.name
+    }
+
+    async fn launch(launch: Launch) -> anyhow::Result<Self> {
+        let Launch {
+            bin,
+            name,
+            kubeconfig,
+            args,
+            path,
+        } = &launch;
+        let (bin, name, path) = (bin.as_path(), name.as_str(), path.as_str());
         let port = testbed::free_port(std::net::IpAddr::from([127, 0, 0, 1]))?;
         let admin = std::net::SocketAddr::from(([127, 0, 0, 1], port));
         let dir = testbed::base_dir().join("operators");
@@ -254,7 +302,12 @@ impl Operator {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        let mut operator = Self { child, admin, log };
+        let mut operator = Self {
+            child,
+            admin,
+            log,
+            launch: launch.clone(),
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         while http_get(admin, path).await.map(|(code, _)| code) != Some(200) {
             if let Some(status) = operator.child.try_wait()? {

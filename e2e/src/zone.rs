@@ -24,7 +24,8 @@ const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 /// How long a process may take to start listening.
 const START: Duration = Duration::from_secs(120);
 
-/// Spawns `bin args` with `env`, its output in `<dir>/<name>.log`, killed when dropped.
+/// Spawns `bin args` with `env`, its output appended to `<dir>/<name>.log`, killed when
+/// dropped.
 pub fn spawn_logged(
     dir: &Path,
     name: &str,
@@ -33,8 +34,11 @@ pub fn spawn_logged(
     env: &[(&str, &str)],
 ) -> anyhow::Result<Child> {
     let path = dir.join(format!("{name}.log"));
-    let log =
-        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
     Command::new(bin)
         .args(args)
         .envs(env.iter().copied())
@@ -67,7 +71,54 @@ pub struct HubJoin {
     pub proxy_ca: PathBuf,
     /// `registry hub`'s admin server.
     pub registry_admin: SocketAddr,
-    _processes: Vec<Child>,
+    /// `etcd-proxy serve`, then `registry hub`.
+    processes: [HubProcess; 2],
+}
+
+/// One of the hub's processes of a [`HubJoin`], to kill and restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HubPart {
+    /// `etcd-proxy serve`.
+    Proxy,
+    /// `registry hub`.
+    Registry,
+}
+
+/// A running hub process and how to start it again.
+struct HubProcess {
+    dir: PathBuf,
+    name: &'static str,
+    bin: PathBuf,
+    args: Vec<String>,
+    env: Vec<(&'static str, &'static str)>,
+    /// Where it listens once started.
+    listens: SocketAddr,
+    child: Child,
+}
+
+impl HubProcess {
+    /// Starts workspace binary `binary` as `name` (its log `<dir>/<name>.log`) and waits
+    /// until it listens at `listens`.
+    async fn start(
+        dir: &Path,
+        (name, binary): (&'static str, &str),
+        args: Vec<String>,
+        env: Vec<(&'static str, &'static str)>,
+        listens: SocketAddr,
+    ) -> anyhow::Result<Self> {
+        let bin = workspace_binary(binary)?;
+        let child = spawn_logged(dir, name, &bin, &args, &env)?;
+        listening(listens, name).await?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            name,
+            bin,
+            args,
+            env,
+            listens,
+            child,
+        })
+    }
 }
 
 impl HubJoin {
@@ -112,14 +163,14 @@ impl HubJoin {
             format!("--admin-addr={proxy_admin}"),
         ];
         proxy_args.extend(logs.iter().cloned());
-        let etcd_proxy = spawn_logged(
+        let etcd_proxy = HubProcess::start(
             dir,
-            "etcd-proxy",
-            &workspace_binary("etcd-proxy")?,
-            &proxy_args,
-            &[],
-        )?;
-        listening(proxy, "etcd-proxy serve").await?;
+            ("etcd-proxy", "etcd-proxy"),
+            proxy_args,
+            Vec::new(),
+            proxy,
+        )
+        .await?;
         let mut registry_args = vec![
             "hub".to_owned(),
             kubeconfig,
@@ -131,22 +182,42 @@ impl HubJoin {
         ];
         registry_args.extend(logs.iter().cloned());
         registry_args.extend(registry.iter().cloned());
-        let registry = spawn_logged(
+        let registry = HubProcess::start(
             dir,
-            "registry-hub",
-            &workspace_binary("registry")?,
-            &registry_args,
-            &[("KONTINUUM_INSECURE_ALLOW_ANONYMOUS", "true")],
-        )?;
-        listening(registry_admin, "registry hub").await?;
+            ("registry-hub", "registry"),
+            registry_args,
+            vec![("KONTINUUM_INSECURE_ALLOW_ANONYMOUS", "true")],
+            registry_admin,
+        )
+        .await?;
         Ok(Self {
             store,
             proxy,
             proxy_admin,
             proxy_ca,
             registry_admin,
-            _processes: vec![etcd_proxy, registry],
+            processes: [etcd_proxy, registry],
         })
+    }
+
+    /// Kills `part` with SIGKILL, as a crash would, starts it again with the same command
+    /// line (its log appended to), and waits until it listens again.
+    pub async fn restart(&mut self, part: HubPart) -> anyhow::Result<()> {
+        let process = &mut self.processes[match part {
+            HubPart::Proxy => 0,
+            HubPart::Registry => 1,
+        }];
+        if process.child.try_wait()?.is_none() {
+            process.child.kill().await?;
+        }
+        process.child = spawn_logged(
+            &process.dir,
+            process.name,
+            &process.bin,
+            &process.args,
+            &process.env,
+        )?;
+        listening(process.listens, process.name).await
     }
 }
 

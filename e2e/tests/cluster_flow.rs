@@ -17,17 +17,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kontinuum_crds::conditions;
 use kontinuum_crds::v1alpha2::{Addon, Instance, TalosCluster};
-use kontinuum_e2e::addons::{
-    ADDON_INSTALLER_ROLE, ChartRepo, install_addon_installer_role, start_addon_installer,
-};
+use kontinuum_e2e::addons::{ChartRepo, start_addon_installer_with_role};
 use kontinuum_e2e::bootstrapper::{
     cluster_condition, create_cluster, create_instance, start_operators, stored_kubeconfig,
     wait_cluster,
 };
 use kontinuum_e2e::testbed::{Tools, unique_dir};
 use kontinuum_e2e::{
-    eventually, install_kontinuum_crds, namespace, service_account_kubeconfig, shared_client,
-    workspace_binary,
+    eventually, install_kontinuum_crds, namespace, shared_client, workspace_binary,
 };
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams};
@@ -75,19 +72,9 @@ async fn a_cluster_becomes_ready_with_the_real_addon_installer() {
     .unwrap();
     let tools = Tools::locate().unwrap();
     let repo = ChartRepo::serve(&tools).await.unwrap();
-    install_addon_installer_role(&client).await.unwrap();
-    let kubeconfig = service_account_kubeconfig(
+    let _installer = start_addon_installer_with_role(
         &client,
         shared,
-        &ns,
-        "addon-installer",
-        ADDON_INSTALLER_ROLE,
-    )
-    .await
-    .unwrap();
-    let _installer = start_addon_installer(
-        &workspace_binary("addon-installer").unwrap(),
-        &kubeconfig,
         &ns,
         &repo.url,
         &["--resync-interval", "2s"],

@@ -16,6 +16,7 @@ use std::time::Duration;
 use kontinuum_crds::conditions;
 use kontinuum_crds::labels::CLAIMED_BY;
 use kontinuum_crds::v1alpha2::{Instance, InstancePool};
+use kontinuum_e2e::chaos::Rng;
 use kontinuum_e2e::testbed::unique_dir;
 use kontinuum_e2e::{
     Operator, eventually, install_kontinuum_crds, namespace, shared_client, workspace_binary,
@@ -23,19 +24,6 @@ use kontinuum_e2e::{
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, PostParams};
 use talos_emulator::{Emulator, Settings};
-
-/// A small deterministic generator (xorshift), seeded from the clock and printed, so a
-/// failing sequence can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_killed_at_random_points_converge() {
@@ -52,14 +40,8 @@ async fn operators_killed_at_random_points_converge() {
     })
     .await
     .unwrap();
-    let seed = u64::from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos(),
-    ) | 1;
-    eprintln!("restarts: seed {seed}");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::from_env();
+    eprintln!("restarts: {}", rng.replay());
 
     let instances: Api<Instance> = Api::namespaced(client.clone(), &ns);
     for i in 1..=6 {
@@ -112,24 +94,13 @@ async fn operators_killed_at_random_points_converge() {
     for round in 0..8 {
         // A random moment in the flow, then a crash and a restart of one of the two.
         tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
-        if rng.below(2) == 0 {
-            discovery.kill().await.unwrap();
-            discovery = Operator::start(
-                &discovery_bin,
-                "instance-discovery",
-                &kubeconfig,
-                &discovery_args,
-            )
-            .await
-            .unwrap();
-            eprintln!("restarts: round {round}: restarted instance-discovery");
+        let victim = if rng.below(2) == 0 {
+            &mut discovery
         } else {
-            claimer.kill().await.unwrap();
-            claimer = Operator::start(&claimer_bin, "pool-claimer", &kubeconfig, &claimer_args)
-                .await
-                .unwrap();
-            eprintln!("restarts: round {round}: restarted pool-claimer");
-        }
+            &mut claimer
+        };
+        victim.restart().await.unwrap();
+        eprintln!("restarts: round {round}: restarted {}", victim.name());
     }
 
     eventually(

@@ -1062,10 +1062,12 @@ impl Machine {
                 return None;
             }
         }
-        if !self
+        let control_plane = self
+            .lock()
+            .core
             .active_config()
-            .is_some_and(|c| c.machine_type.is_control_plane())
-        {
+            .is_some_and(|c| c.machine_type.is_control_plane());
+        if !control_plane {
             return None;
         }
         let settings = self.cluster_settings();

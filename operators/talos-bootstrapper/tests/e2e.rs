@@ -788,7 +788,7 @@ async fn killed_at_random_points_converges_with_one_bootstrap_and_one_bundle() {
     create_instance(&client, &ns, "w-1", addr(first, 2), "worker")
         .await
         .unwrap();
-    let (mut operators, kubeconfig) = start_operators(&client, shared, &ns, bin(), &[])
+    let (mut operators, _) = start_operators(&client, shared, &ns, bin(), &[])
         .await
         .unwrap();
     let _addons = AddonsReady::start(client.clone(), ns.clone());
@@ -798,14 +798,12 @@ async fn killed_at_random_points_converges_with_one_bootstrap_and_one_bundle() {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
 
     // Kill the bootstrapper at pseudo-random points of the flow, restart it each time.
-    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15 ^ u64::from(std::process::id());
+    let mut rng = kontinuum_e2e::chaos::Rng::from_env();
+    eprintln!("talos-bootstrapper kills: {}", rng.replay());
     let mut bundle_uid = None;
     let mut kills = 0;
     while kills < 10 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let wait = Duration::from_millis(200 + seed % 2500);
+        let wait = rng.between(Duration::from_millis(200), Duration::from_millis(2700));
         tokio::time::sleep(wait).await; // a random kill point, not a wait for a condition
         let bootstrapper = operators.last_mut().unwrap();
         bootstrapper.kill().await.unwrap();
@@ -818,9 +816,7 @@ async fn killed_at_random_points_converges_with_one_bootstrap_and_one_bundle() {
             );
             bundle_uid = uid;
         }
-        *operators.last_mut().unwrap() = start_bootstrapper(bin(), &kubeconfig, &ns, &[])
-            .await
-            .unwrap();
+        operators.last_mut().unwrap().restart().await.unwrap();
         if cluster_condition(&client, &ns, "eu-1d", "Ready")
             .await
             .is_some_and(|c| c.0 == "True")

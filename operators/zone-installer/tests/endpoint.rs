@@ -46,9 +46,7 @@ use k8s_openapi::jiff::Timestamp;
 use kontinuum_auth::testing::{TestIssuer, TestKey};
 use kontinuum_crds::conditions;
 use kontinuum_crds::v1alpha2::{Kontinuum, Zone};
-use kontinuum_e2e::addons::{
-    ADDON_INSTALLER_ROLE, ChartRepo, install_addon_installer_role, start_addon_installer,
-};
+use kontinuum_e2e::addons::{ChartRepo, start_addon_installer_with_role};
 use kontinuum_e2e::bootstrapper::{start_operators, stored_kubeconfig};
 use kontinuum_e2e::testbed::{CertificateAuthority, Shared, Tools, free_port, unique_dir};
 use kontinuum_e2e::zone::{HubJoin, spawn_logged, wait_zone_condition, zone_condition};
@@ -153,20 +151,10 @@ impl Hub {
         .await
         .unwrap();
         let repo = ChartRepo::serve(&Tools::locate().unwrap()).await.unwrap();
-        install_addon_installer_role(&client).await.unwrap();
-        let kubeconfig = service_account_kubeconfig(
-            &client,
-            shared,
-            &ns,
-            "addon-installer",
-            ADDON_INSTALLER_ROLE,
-        )
-        .await
-        .unwrap();
         operators.push(
-            start_addon_installer(
-                &workspace_binary("addon-installer").unwrap(),
-                &kubeconfig,
+            start_addon_installer_with_role(
+                &client,
+                shared,
                 &ns,
                 &repo.url,
                 &["--resync-interval", "2s"],

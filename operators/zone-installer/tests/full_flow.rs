@@ -25,9 +25,7 @@ use kontinuum_crds::v1alpha2::{
     Instance, KUBECONFIG_KEY, KUBECONFIG_SECRET_COMPONENT, SECRETS_BUNDLE_KEY, TALOSCONFIG_KEY,
     TalosCluster, Zone, kubeconfig_secret_name, secrets_secret_name,
 };
-use kontinuum_e2e::addons::{
-    ADDON_INSTALLER_ROLE, ChartRepo, install_addon_installer_role, start_addon_installer,
-};
+use kontinuum_e2e::addons::{ChartRepo, start_addon_installer_with_role};
 use kontinuum_e2e::bootstrapper::{start_operators, stored_kubeconfig};
 use kontinuum_e2e::testbed::{Tools, unique_dir};
 use kontinuum_e2e::zone::wait_zone_condition;
@@ -79,26 +77,10 @@ async fn a_zone_manifest_becomes_an_installed_zone_and_goes_away() {
     .unwrap();
     let tools = Tools::locate().unwrap();
     let repo = ChartRepo::serve(&tools).await.unwrap();
-    install_addon_installer_role(&client).await.unwrap();
-    let kubeconfig = service_account_kubeconfig(
-        &client,
-        shared,
-        &ns,
-        "addon-installer",
-        ADDON_INSTALLER_ROLE,
-    )
-    .await
-    .unwrap();
     // The default resync (5 min): pod health comes from the addon-installer's pod watch.
-    let addon_operator = start_addon_installer(
-        &workspace_binary("addon-installer").unwrap(),
-        &kubeconfig,
-        &ns,
-        &repo.url,
-        &[],
-    )
-    .await
-    .unwrap();
+    let addon_operator = start_addon_installer_with_role(&client, shared, &ns, &repo.url, &[])
+        .await
+        .unwrap();
     let kubeconfig =
         service_account_kubeconfig(&client, shared, &ns, "zone-installer", "cluster-admin")
             .await
