@@ -11,14 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use etcd_proxy::relay::TOKEN_LIFETIME_SECS;
-use etcd_proxy::token::{Signer, unix_now};
+use etcd_proxy::relay::SecondToken;
+use etcd_proxy::token::unix_now;
 use kontinuum_proto::etcd::etcdserverpb as pb;
 use pb::kv_client::KvClient;
 use pb::lease_client::LeaseClient;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
@@ -53,8 +52,9 @@ impl Op {
 pub enum Auth {
     /// Not at all (the store; the relay, which signs itself).
     None,
-    /// A freshly signed token on every call, exactly as the relay signs them.
-    SignPerCall(Arc<Signer>),
+    /// A token on every call, exactly as the relay makes them (the current second's, signed
+    /// once per second).
+    AsTheRelay(Arc<SecondToken>),
 }
 
 /// Where the clients send their calls.
@@ -70,11 +70,9 @@ impl Target {
     /// `msg` as a request, with a token when the target needs one.
     pub fn request<T>(&self, msg: T) -> Result<Request<T>, Status> {
         let mut req = Request::new(msg);
-        if let Auth::SignPerCall(signer) = &self.auth {
-            let token = signer.sign(unix_now(), TOKEN_LIFETIME_SECS);
-            let value = AsciiMetadataValue::try_from(format!("Bearer {token}"))
-                .map_err(|_| Status::internal("the token is not valid metadata"))?;
-            req.metadata_mut().insert("authorization", value);
+        if let Auth::AsTheRelay(token) = &self.auth {
+            req.metadata_mut()
+                .insert("authorization", token.at(unix_now())?);
         }
         Ok(req)
     }

@@ -9,7 +9,7 @@
 //!   the same steps driven directly by the client library (issue 5).
 //! * `etcd-proxy`: the Kontinuum store directly against relay + proxy (TLS, a token per
 //!   call): latency, throughput, CPU per call, cross-checked with `etcdctl check perf`
-//!   (issue 11, acceptance 7).
+//!   (issue 11, acceptance 7), and against two byte forwarders (`forward`, the floor).
 //! * `zone`: `kubectl kontinuum zone add` to a `Ready` Zone through every operator, per
 //!   stage (fan-out, discovered, claimed, bootstrapped, addons, installed, joined), against
 //!   the same steps driven directly by the operators' libraries (issue 12, acceptance 6).
@@ -27,6 +27,7 @@ mod discovery;
 mod emulator;
 mod etcd_load;
 mod etcd_proxy;
+mod forward;
 mod perf_profile;
 mod procfs;
 mod report;
@@ -64,6 +65,9 @@ enum Command {
     Zone(zone::Args),
     /// addon-installer's downstream pod watches: memory per zone cluster watched.
     ZoneWatches(zone_watches::Args),
+    /// A byte-copying TCP forwarder (the etcd-proxy benchmark's floor; started by it).
+    #[command(hide = true)]
+    Forward(forward::Args),
 }
 
 /// A progress line on stderr (the report goes to stdout).
@@ -71,11 +75,19 @@ pub(crate) fn say(message: &str) {
     let _ = writeln!(std::io::stderr().lock(), "kontinuum-bench: {message}");
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    kontinuum_testbed::install_crypto_provider();
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let report = match cli.command {
+    if let Command::Forward(args) = &cli.command {
+        return forward::run(args);
+    }
+    tokio::runtime::Runtime::new()
+        .context("starting the async runtime")?
+        .block_on(run(cli.command))
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    kontinuum_testbed::install_crypto_provider();
+    let report = match command {
         Command::Talos(args) => talos::run(args).await?,
         Command::Discovery(args) => discovery::run(args).await?,
         Command::Addons(args) => addons::run(args).await?,
@@ -83,6 +95,8 @@ async fn main() -> anyhow::Result<()> {
         Command::EtcdProxy(args) => etcd_proxy::run(args).await?,
         Command::Zone(args) => zone::run(args).await?,
         Command::ZoneWatches(args) => zone_watches::run(args).await?,
+        // Handled in `main`, before any runtime: it runs its own, on one thread.
+        Command::Forward(_) => anyhow::bail!("forward does not run inside another runtime"),
     };
     let mut out = std::io::stdout().lock();
     write!(out, "{report}").context("writing to stdout")?;

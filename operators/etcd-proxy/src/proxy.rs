@@ -3,7 +3,9 @@
 //! authorized ([`authz`](crate::authz)).
 //!
 //! * Every call first authenticates its bearer token against the zone identities in the
-//!   [`Zones`] index (no API call per RPC); any failure is `Unauthenticated`.
+//!   [`Zones`] index (no API call per RPC); any failure is `Unauthenticated`. A token seen
+//!   before is answered from [`VerifiedTokens`], which checks again on every call what can
+//!   change (the key still trusted, the token's times), so revocation is as quick as without.
 //! * Every key, range, compare and op must lie in the zone's prefix, every watch range too;
 //!   `Compact` is refused; anything refused is `PermissionDenied` and never reaches the store.
 //! * Leases: `LeaseGrant` records the owner at `/kontinuum.sh/proxy/leases/<id>` (attached to
@@ -37,11 +39,14 @@ use crate::authz::{self, Denied, LEASE_OWNERS_PREFIX};
 use crate::identity::ZoneIdentity;
 use crate::metrics::{Metrics, StreamGuard};
 use crate::store::Store;
-use crate::token::{self, unix_now};
+use crate::token::{self, VerifiedTokens, unix_now};
 use crate::zones::{Lookup, Zones};
 
 /// Timeout of one unary call to the store.
 const STORE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Verified tokens kept (see [`VerifiedTokens`]): with the relay's one token per second, one
+/// entry per zone.
+const VERIFIED_TOKENS: usize = 4096;
 /// Metadata passed from the zone to the store (clientv3's `WithRequireLeader`).
 const PASSED_METADATA: &[&str] = &["hasleader"];
 /// etcd's own answer for a lease that does not exist.
@@ -55,6 +60,7 @@ pub struct Proxy {
     zones: Arc<Zones>,
     store: Arc<Store>,
     metrics: Arc<Metrics>,
+    tokens: Arc<VerifiedTokens>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -104,6 +110,7 @@ impl Proxy {
             zones,
             store,
             metrics,
+            tokens: Arc::new(VerifiedTokens::new(VERIFIED_TOKENS)),
         }
     }
 
@@ -114,14 +121,15 @@ impl Proxy {
                 .map(tonic::metadata::MetadataValue::as_bytes),
         )
         .and_then(|t| {
-            token::verify(t, unix_now(), |zone| match self.zones.lookup(zone) {
-                Lookup::Found(identity) => {
-                    let keys = identity.keys.clone();
-                    found = Some(identity);
-                    Some(keys)
-                }
-                Lookup::Unknown | Lookup::Ambiguous => None,
-            })
+            self.tokens
+                .verify(t, unix_now(), |zone| match self.zones.lookup(zone) {
+                    Lookup::Found(identity) => {
+                        let keys = identity.keys.clone();
+                        found = Some(identity);
+                        Some(keys)
+                    }
+                    Lookup::Unknown | Lookup::Ambiguous => None,
+                })
         });
         match (verified, found) {
             (Ok(v), Some(identity)) => Ok(Caller {

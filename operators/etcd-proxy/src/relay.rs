@@ -1,7 +1,8 @@
 //! `etcd-proxy relay`: the zone side. A local listener (a unix socket or loopback TCP) with
 //! the same `KV`, `Watch` and `Lease` services and no authentication, forwarding every call
 //! to the hub's proxy over TLS, each with a freshly signed short-lived token (the zone's
-//! ed25519 key; [`TOKEN_LIFETIME_SECS`]).
+//! ed25519 key; [`TOKEN_LIFETIME_SECS`]): the token of the current second, signed once per
+//! second (ed25519 is deterministic, so it is the token each call would have signed).
 //!
 //! Streams survive a broken hub connection: the relay re-opens the hub stream with backoff
 //! (and a fresh token) and, for Watch, re-creates every watch under the same id from the
@@ -14,7 +15,7 @@
 //! and asks the hub for exactly that id, so a resumed watch keeps its id.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use kontinuum_proto::etcd::etcdserverpb as pb;
@@ -22,7 +23,7 @@ use pb::{kv_server::Kv, lease_server::Lease, watch_server::Watch};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
-use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::metadata::{Ascii, MetadataMap, MetadataValue};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, warn};
@@ -31,7 +32,8 @@ use crate::metrics::{Metrics, StreamGuard};
 use crate::store::MAX_RESPONSE_BYTES;
 use crate::token::{Signer, unix_now};
 
-/// Lifetime of each token; each call signs a new one, so none is used after half of it.
+/// Lifetime of each token; a token is used only in the second it was issued, so none is
+/// used after half of it.
 pub const TOKEN_LIFETIME_SECS: i64 = 300;
 /// Timeout of one unary call to the hub.
 const HUB_TIMEOUT: Duration = Duration::from_secs(30);
@@ -43,20 +45,69 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Metadata passed from the local client to the hub.
 const PASSED_METADATA: &[&str] = &["hasleader"];
 
+/// The relay's `authorization` value: `Bearer` and the token of the current second, signed
+/// once per second. Signing is deterministic and the claims only change with the second, so
+/// this is the token that signing anew for each call of that second would give.
+pub struct SecondToken {
+    signer: Arc<Signer>,
+    /// The second signed for, and its value.
+    current: Mutex<Option<(i64, MetadataValue<Ascii>)>>,
+}
+
+impl std::fmt::Debug for SecondToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a credential: never print it.
+        f.debug_struct("SecondToken")
+            .field("zone", &self.signer.zone())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SecondToken {
+    /// Tokens of `signer`.
+    pub fn new(signer: Arc<Signer>) -> Self {
+        Self {
+            signer,
+            current: Mutex::new(None),
+        }
+    }
+
+    /// The zone the tokens speak for.
+    pub fn zone(&self) -> &str {
+        self.signer.zone()
+    }
+
+    /// The `authorization` value for a call at `now` (unix seconds), valid
+    /// [`TOKEN_LIFETIME_SECS`].
+    pub fn at(&self, now: i64) -> Result<MetadataValue<Ascii>, Status> {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((at, value)) = current.as_ref()
+            && *at == now
+        {
+            return Ok(value.clone());
+        }
+        let token = self.signer.sign(now, TOKEN_LIFETIME_SECS);
+        let value = MetadataValue::try_from(format!("Bearer {token}"))
+            .map_err(|_| Status::internal("etcd-proxy relay: token is not valid metadata"))?;
+        *current = Some((now, value.clone()));
+        Ok(value)
+    }
+}
+
 type BoxStream<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
 
 /// The relay's gRPC services.
 #[derive(Clone)]
 pub struct Relay {
     hub: Channel,
-    signer: Arc<Signer>,
+    token: Arc<SecondToken>,
     metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for Relay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Relay")
-            .field("zone", &self.signer.zone())
+            .field("zone", &self.token.zone())
             .finish_non_exhaustive()
     }
 }
@@ -94,16 +145,14 @@ impl Relay {
     pub fn new(hub: Channel, signer: Arc<Signer>, metrics: Arc<Metrics>) -> Self {
         Self {
             hub,
-            signer,
+            token: Arc::new(SecondToken::new(signer)),
             metrics,
         }
     }
 
-    /// `msg` as a call to the hub: a fresh token, and the metadata we pass on.
+    /// `msg` as a call to the hub: this second's token, and the metadata we pass on.
     fn request<T>(&self, md: &MetadataMap, msg: T) -> Result<Request<T>, Status> {
-        let token = self.signer.sign(unix_now(), TOKEN_LIFETIME_SECS);
-        let value = MetadataValue::try_from(format!("Bearer {token}"))
-            .map_err(|_| Status::internal("etcd-proxy relay: token is not valid metadata"))?;
+        let value = self.token.at(unix_now())?;
         let mut req = Request::new(msg);
         for key in PASSED_METADATA {
             if let Some(v) = md.get(*key) {
@@ -704,6 +753,38 @@ impl Lease for Relay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_token_of_a_second_is_signed_once_and_verifies() {
+        use base64::Engine as _;
+        use ring::rand::SystemRandom;
+        use ring::signature::Ed25519KeyPair;
+
+        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).unwrap();
+        let pem = format!(
+            "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+            base64::engine::general_purpose::STANDARD.encode(pkcs8.as_ref())
+        );
+        let signer = Arc::new(Signer::from_pkcs8_pem(pem.as_bytes(), "eu-1a").unwrap());
+        let tokens = SecondToken::new(Arc::clone(&signer));
+        let now = 1_800_000_000;
+        let first = tokens.at(now).unwrap();
+        // Within the second: the same value, and the one signing anew would give.
+        assert_eq!(tokens.at(now).unwrap(), first);
+        let fresh = format!("Bearer {}", signer.sign(now, TOKEN_LIFETIME_SECS));
+        assert_eq!(first.to_str().unwrap(), fresh);
+        // The next second: a new token, valid from then.
+        let next = tokens.at(now + 1).unwrap();
+        assert_ne!(next, first);
+        let keys = vec![crate::token::TrustedKey {
+            key: signer.public_key(),
+            not_before: now - 60,
+            not_after: now + 3600,
+        }];
+        let token = crate::token::bearer(Some(next.as_bytes())).unwrap();
+        let verified = crate::token::verify(token, now + 1, |_| Some(keys.clone())).unwrap();
+        assert_eq!(verified.expires, now + 1 + TOKEN_LIFETIME_SECS);
+    }
 
     #[test]
     fn backoff_doubles_up_to_its_cap() {

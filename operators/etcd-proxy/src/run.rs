@@ -115,9 +115,36 @@ pub struct ServeArgs {
     /// Address of the admin server (`/healthz`, `/readyz`, `/metrics`).
     #[arg(long, env = "KONTINUUM_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
     pub admin_addr: SocketAddr,
+    /// Threads serving calls; one per CPU when unset. Fewer threads spend less CPU per call
+    /// where the proxy shares its CPUs with busy neighbours (see bench-results/etcd-proxy.md).
+    #[arg(
+        long,
+        env = "KONTINUUM_ETCD_PROXY_WORKER_THREADS",
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub worker_threads: Option<u16>,
     /// Logging.
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+impl Command {
+    /// The async runtime this command runs on. The relay serves one zone's agent over one
+    /// hub connection, so it runs on one thread, which costs it less CPU per call than
+    /// handing work between threads; `serve` uses `--worker-threads`.
+    pub fn runtime(&self) -> std::io::Result<tokio::runtime::Runtime> {
+        let mut builder = match self {
+            Self::Serve(args) => {
+                let mut builder = tokio::runtime::Builder::new_multi_thread();
+                if let Some(n) = args.worker_threads {
+                    builder.worker_threads(usize::from(n));
+                }
+                builder
+            }
+            Self::Relay(_) => tokio::runtime::Builder::new_current_thread(),
+        };
+        builder.enable_all().build()
+    }
 }
 
 /// `etcd-proxy relay`.

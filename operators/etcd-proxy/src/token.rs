@@ -195,6 +195,18 @@ pub fn verify<K>(
 where
     K: AsRef<[TrustedKey]>,
 {
+    verify_claims(token, now, keys_of).map(|(verified, _)| verified)
+}
+
+/// [`verify`], with the later of `iat` and `nbf` (what a cached token is checked against).
+fn verify_claims<K>(
+    token: &str,
+    now: i64,
+    keys_of: impl FnOnce(&str) -> Option<K>,
+) -> Result<(Verified, i64), TokenError>
+where
+    K: AsRef<[TrustedKey]>,
+{
     if token.len() > MAX_TOKEN_LEN {
         return Err(TokenError::Malformed);
     }
@@ -250,20 +262,23 @@ where
     if iat > now.saturating_add(LEEWAY_SECS) {
         return Err(TokenError::NotYetValid);
     }
+    let mut valid_from = iat;
     if let Some(nbf) = claims.nbf {
         let nbf = seconds(Some(nbf)).ok_or(TokenError::Malformed)?;
         if nbf > now.saturating_add(LEEWAY_SECS) {
             return Err(TokenError::NotYetValid);
         }
+        valid_from = valid_from.max(nbf);
     }
     if exp.saturating_sub(iat) > MAX_LIFETIME_SECS {
         return Err(TokenError::LifetimeTooLong);
     }
-    Ok(Verified {
+    let verified = Verified {
         zone: sub.to_string(),
         key: key.key,
         expires: exp,
-    })
+    };
+    Ok((verified, valid_from))
 }
 
 /// A JSON NumericDate as whole seconds; `None` when absent or not a finite number in range.
@@ -385,6 +400,120 @@ impl Signer {
         token.push('.');
         token.push_str(&URL_SAFE_NO_PAD.encode(signature.as_ref()));
         token
+    }
+}
+
+/// Tokens already verified, so that a token presented again costs a map lookup instead of
+/// an ed25519 verification. The relay's tokens are deterministic (ed25519 signatures are,
+/// and the claims change once a second), so its calls within one second carry the same
+/// bytes.
+///
+/// What the cache keeps is only what the token's bytes decide once and for all (the
+/// signature by that key, `alg`, `aud`, `iss == sub`, the lifetime). On every hit, what can
+/// change is checked again, as [`verify`] checks it: the key must still be one of the
+/// zone's trusted keys and inside its certificate's validity (so revoking or rotating an
+/// identity takes effect on the next call), `exp` must not have passed and `nbf`/`iat` must
+/// not be in the future. Only tokens that passed [`verify`] are entered; the cache holds at
+/// most `capacity` of them, dropping expired ones first.
+pub struct VerifiedTokens {
+    entries: std::sync::Mutex<std::collections::HashMap<Box<str>, Entry>>,
+    capacity: usize,
+}
+
+struct Entry {
+    verified: Verified,
+    /// The later of `iat` and `nbf`.
+    valid_from: i64,
+}
+
+impl std::fmt::Debug for VerifiedTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Tokens are credentials: never print them.
+        f.debug_struct("VerifiedTokens")
+            .field("len", &self.len())
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VerifiedTokens {
+    /// An empty cache holding at most `capacity` tokens.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            entries: std::sync::Mutex::new(std::collections::HashMap::new()),
+            capacity,
+        }
+    }
+
+    /// Tokens held now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no token is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Box<str>, Entry>> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// [`verify`], answered from the cache when `token` was verified before.
+    pub fn verify<K>(
+        &self,
+        token: &str,
+        now: i64,
+        keys_of: impl FnOnce(&str) -> Option<K>,
+    ) -> Result<Verified, TokenError>
+    where
+        K: AsRef<[TrustedKey]>,
+    {
+        if token.len() > MAX_TOKEN_LEN {
+            return Err(TokenError::Malformed);
+        }
+        let hit = self
+            .lock()
+            .get(token)
+            .map(|e| (e.verified.clone(), e.valid_from));
+        if let Some((verified, valid_from)) = hit {
+            let keys = keys_of(&verified.zone).ok_or(TokenError::UnknownZone)?;
+            let still_trusted = keys.as_ref().iter().any(|k| {
+                k.key == verified.key
+                    && k.not_before - LEEWAY_SECS <= now
+                    && now <= k.not_after + LEEWAY_SECS
+            });
+            if !still_trusted {
+                return Err(TokenError::BadSignature);
+            }
+            if now >= verified.expires.saturating_add(LEEWAY_SECS) {
+                return Err(TokenError::Expired);
+            }
+            if valid_from > now.saturating_add(LEEWAY_SECS) {
+                return Err(TokenError::NotYetValid);
+            }
+            return Ok(verified);
+        }
+        let (verified, valid_from) = verify_claims(token, now, keys_of)?;
+        let mut entries = self.lock();
+        if entries.len() >= self.capacity {
+            entries.retain(|_, e| now < e.verified.expires.saturating_add(LEEWAY_SECS));
+            if entries.len() >= self.capacity {
+                entries.clear();
+            }
+        }
+        if self.capacity > 0 {
+            entries.insert(
+                token.into(),
+                Entry {
+                    verified: verified.clone(),
+                    valid_from,
+                },
+            );
+        }
+        Ok(verified)
     }
 }
 
@@ -639,6 +768,109 @@ mod tests {
         );
     }
 
+    #[test]
+    fn signing_is_deterministic_within_a_second() {
+        // What lets the relay reuse a token within its second and the proxy cache it.
+        let s = signer("eu-1a");
+        assert_eq!(s.sign(NOW, 300), s.sign(NOW, 300));
+        assert_ne!(s.sign(NOW, 300), s.sign(NOW + 1, 300));
+    }
+
+    #[test]
+    fn a_cached_token_is_checked_again_for_what_can_change() {
+        let s = signer("eu-1a");
+        let other = signer("eu-1a");
+        let keys = trusted(&s);
+        let cache = VerifiedTokens::new(16);
+        let token = s.sign(NOW, 300);
+        let ok = |now| cache.verify(&token, now, |_| Some(keys.clone()));
+        assert_eq!(ok(NOW).unwrap(), check(&s, &token).unwrap());
+        assert_eq!(cache.len(), 1);
+        assert!(ok(NOW + 1).is_ok());
+        assert_eq!(cache.len(), 1, "the same token is one entry");
+
+        // Revoked (no such zone now), rotated away, or the certificate expired: refused.
+        let none: Option<Vec<TrustedKey>> = None;
+        assert_eq!(
+            cache.verify(&token, NOW, |_| none.clone()),
+            Err(TokenError::UnknownZone)
+        );
+        assert_eq!(
+            cache.verify(&token, NOW, |_| Some(trusted(&other))),
+            Err(TokenError::BadSignature)
+        );
+        let ended = vec![TrustedKey {
+            key: s.public_key(),
+            not_before: NOW - 3600,
+            not_after: NOW - 60,
+        }];
+        assert_eq!(
+            cache.verify(&token, NOW, |_| Some(ended.clone())),
+            Err(TokenError::BadSignature)
+        );
+        // Expired, or (the clock went back) not valid yet.
+        assert_eq!(ok(NOW + 300 + LEEWAY_SECS), Err(TokenError::Expired));
+        assert_eq!(ok(NOW - LEEWAY_SECS - 1), Err(TokenError::NotYetValid));
+        // And still admitted when nothing changed.
+        assert!(ok(NOW + 2).is_ok());
+    }
+
+    #[test]
+    fn refused_tokens_are_never_cached() {
+        let s = signer("eu-1a");
+        let keys = trusted(&s);
+        let cache = VerifiedTokens::new(16);
+        let mut flipped = s.sign(NOW, 300).into_bytes();
+        let last = flipped.len() - 2;
+        flipped[last] = if flipped[last] == b'A' { b'B' } else { b'A' };
+        let flipped = String::from_utf8(flipped).unwrap();
+        for token in [flipped.as_str(), "garbage", &s.sign(NOW, 700)] {
+            for _ in 0..2 {
+                assert!(cache.verify(token, NOW, |_| Some(keys.clone())).is_err());
+            }
+        }
+        assert!(cache.is_empty());
+        // Nor one signed by a key the zone does not hold, later verified against a key
+        // that would verify a different token.
+        let other = signer("eu-1a");
+        let foreign = other.sign(NOW, 300);
+        assert!(cache.verify(&foreign, NOW, |_| Some(keys.clone())).is_err());
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn the_cache_is_bounded_and_drops_expired_tokens_first() {
+        let s = signer("eu-1a");
+        let keys = trusted(&s);
+        let cache = VerifiedTokens::new(3);
+        let at = |iat: i64, now: i64| {
+            cache
+                .verify(&s.sign(iat, 60), now, |_| Some(keys.clone()))
+                .unwrap()
+        };
+        at(NOW, NOW);
+        at(NOW + 1, NOW + 1);
+        at(NOW + 100, NOW + 100);
+        assert_eq!(cache.len(), 3);
+        // Full: the two expired by NOW + 100 go, the live one stays.
+        at(NOW + 101, NOW + 101);
+        assert_eq!(cache.len(), 2);
+        // Full of live tokens: the cache starts again rather than grow.
+        at(NOW + 102, NOW + 102);
+        at(NOW + 103, NOW + 103);
+        assert!(cache.len() <= 3);
+        assert!(
+            cache
+                .verify(&s.sign(NOW + 103, 60), NOW + 103, |_| Some(keys.clone()))
+                .is_ok()
+        );
+        assert!(
+            VerifiedTokens::new(0)
+                .verify(&s.sign(NOW, 60), NOW, |_| Some(keys.clone()))
+                .is_ok()
+        );
+    }
+
     mod fuzz {
         use proptest::prelude::*;
 
@@ -646,6 +878,48 @@ mod tests {
 
         // Cases: proptest's default (256), or `PROPTEST_CASES` for a long run.
         proptest! {
+            /// The cache answers exactly as `verify` would, whatever the sequence of tokens,
+            /// clocks and trusted keys (revocation, rotation, expiry included).
+            #[test]
+            fn the_cache_answers_as_verify_does(
+                calls in prop::collection::vec(
+                    (0usize..6, -700i64..700, 0usize..4),
+                    1..24,
+                ),
+            ) {
+                let s = signer("eu-1a");
+                let other = signer("eu-1a");
+                let mut flipped = s.sign(NOW, 300).into_bytes();
+                let last = flipped.len() - 2;
+                flipped[last] = if flipped[last] == b'A' { b'B' } else { b'A' };
+                let tokens = [
+                    s.sign(NOW, 300),
+                    s.sign(NOW - 200, 60),
+                    s.sign(NOW + 200, 300),
+                    s.sign(NOW, 700),
+                    other.sign(NOW, 300),
+                    String::from_utf8(flipped).unwrap(),
+                ];
+                let key_sets: [Option<Vec<TrustedKey>>; 4] = [
+                    Some(trusted(&s)),
+                    Some(trusted(&other)),
+                    None,
+                    Some(vec![TrustedKey {
+                        key: s.public_key(),
+                        not_before: NOW - 3600,
+                        not_after: NOW,
+                    }]),
+                ];
+                let cache = VerifiedTokens::new(4);
+                for (token, offset, keys) in calls {
+                    let (token, now, keys) = (&tokens[token], NOW + offset, &key_sets[keys]);
+                    prop_assert_eq!(
+                        cache.verify(token, now, |_| keys.clone()),
+                        verify(token, now, |_| keys.clone())
+                    );
+                }
+            }
+
             /// Arbitrary strings never panic the parser, and nothing unsigned is accepted.
             #[test]
             fn arbitrary_tokens_never_panic_nor_pass(token in ".{0,400}") {

@@ -446,6 +446,14 @@ async fn acceptance_2_bad_tokens_are_unauthenticated_and_revocation_takes_under_
     let created = open.message().await.unwrap().unwrap();
     assert!(created.created);
 
+    // A token the proxy has verified (and keeps in its cache) before the revocation.
+    let cached = signer.sign(etcd_proxy::token::unix_now(), 300);
+    for _ in 0..2 {
+        kv().range(range_request(&key, Some(&cached)))
+            .await
+            .unwrap();
+    }
+
     // Revocation: the next call is refused within a second of the Secret's deletion...
     bed.revoke(&zone).await;
     let deleted = Instant::now();
@@ -461,6 +469,12 @@ async fn acceptance_2_bad_tokens_are_unauthenticated_and_revocation_takes_under_
         }
     }
     let revoked_in = deleted.elapsed();
+    // ... the cached token too: the cache checks the zone's keys again on every call.
+    let refused = kv()
+        .range(range_request(&key, Some(&cached)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
     let ended = tokio::time::timeout(Duration::from_secs(5), open.message())
         .await
         .expect("the open watch was not ended");

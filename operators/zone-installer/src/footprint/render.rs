@@ -341,7 +341,8 @@ fn agent_container(settings: &Settings) -> Value {
 }
 
 /// The relay: `etcd-proxy relay`, the only holder of the identity key (mounted read-only);
-/// it signs a fresh token per call and dials the hub with the proxy CA.
+/// it puts a short-lived token (signed once per second) on every call and dials the hub
+/// with the proxy CA.
 fn relay_container(zone: &Zone<'_>, settings: &Settings) -> Value {
     let mut env = vec![
         field_env("POD_IP", "status.podIP"),
