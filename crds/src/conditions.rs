@@ -200,16 +200,19 @@ pub fn status_eq_ignoring_time<S>(a: &S, b: &S) -> bool
 where
     S: HasConditions + Clone + PartialEq,
 {
-    fn normalized<S: HasConditions + Clone>(status: &S) -> S {
-        let mut status = status.clone();
-        let conditions = status.conditions_mut();
-        for condition in conditions.iter_mut() {
-            condition.last_transition_time = Time(Timestamp::UNIX_EPOCH);
-        }
-        conditions.sort_by(|x, y| x.type_.cmp(&y.type_));
-        status
-    }
     normalized(a) == normalized(b)
+}
+
+/// `status` with condition timestamps zeroed and conditions sorted by type: two statuses are
+/// [`status_eq_ignoring_time`] exactly when their normalized forms are equal.
+pub fn normalized<S: HasConditions + Clone>(status: &S) -> S {
+    let mut status = status.clone();
+    let conditions = status.conditions_mut();
+    for condition in conditions.iter_mut() {
+        condition.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+    }
+    conditions.sort_by(|x, y| x.type_.cmp(&y.type_));
+    status
 }
 
 /// Computes the `Ready` summary of an object from its gating conditions.

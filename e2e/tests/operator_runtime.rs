@@ -1,5 +1,6 @@
 //! The shared operator runtime against the real API server: status writes are skipped when
-//! nothing but timestamps changed (and `lastTransitionTime` moves only on a status flip),
+//! nothing but timestamps changed (and `lastTransitionTime` moves only on a status flip) or
+//! when a cache behind the process's own last write would repeat it (counted in the audit log),
 //! and leader election hands the Lease over when the leader stops; an operator binary elects
 //! a leader by default, in its pod's namespace (never a fixed one), and logs at `info`; a
 //! repeated Event is counted on one Event's series.
@@ -18,13 +19,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kontinuum_crds::conditions::{self, ConditionStatus};
 use kontinuum_crds::v1alpha2::{Zone, ZoneStatus};
-use kontinuum_e2e::{eventually, install_kontinuum_crds, namespace, shared_client};
+use kontinuum_e2e::{audit_writes, eventually, install_kontinuum_crds, namespace, shared_client};
 use kontinuum_operator_common::admin::Readiness;
 use kontinuum_operator_common::args::LeaderArgs;
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::leader::Leadership;
 use kontinuum_operator_common::shutdown::{Reason, Shutdown};
-use kontinuum_operator_common::status::apply_status;
+use kontinuum_operator_common::status::{StatusWrites, apply_status};
+use kontinuum_operator_common::tracked::Forget as _;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Resource as _, ResourceExt as _};
 
@@ -50,11 +52,11 @@ fn status_with(status: ConditionStatus, message: &str, now: i64) -> (ZoneStatus,
     (s, now)
 }
 
-#[tokio::test]
-async fn status_is_written_only_when_it_changes() {
-    let (client, _) = shared_client().await.unwrap();
+/// A Zone `eu-west-1a` in a new namespace: its Api, the Zone as created, the audit log.
+async fn new_zone(prefix: &str) -> (Api<Zone>, Zone, std::path::PathBuf) {
+    let (client, shared) = shared_client().await.unwrap();
     install_kontinuum_crds(&client).await.unwrap();
-    let ns = namespace(&client, "status").await.unwrap();
+    let ns = namespace(&client, prefix).await.unwrap();
     let zones: Api<Zone> = Api::namespaced(client.clone(), &ns);
     let zone: Zone = serde_json::from_value(serde_json::json!({
         "apiVersion": "kontinuum.sh/v1alpha2", "kind": "Zone",
@@ -62,7 +64,13 @@ async fn status_is_written_only_when_it_changes() {
         "spec": { "region": "eu", "zone": "west-1a" }
     }))
     .unwrap();
-    zones.create(&PostParams::default(), &zone).await.unwrap();
+    let created = zones.create(&PostParams::default(), &zone).await.unwrap();
+    (zones, created, shared.audit_log())
+}
+
+#[tokio::test]
+async fn status_is_written_only_when_it_changes() {
+    let (zones, _, _) = new_zone("status").await;
 
     let (first, _) = status_with(ConditionStatus::False, "waiting", 1_000);
     assert!(
@@ -113,6 +121,113 @@ async fn status_is_written_only_when_it_changes() {
     assert_eq!(
         c.last_transition_time,
         Time(Timestamp::from_second(1_000).unwrap())
+    );
+}
+
+/// A reconcile that starts from the version of the object its own last status write was
+/// computed from (the watch has not delivered that write yet) and computes the same status
+/// writes nothing; anything else is written: another status from that version, and our status
+/// again once another manager has changed it. Counted from the audit log.
+#[tokio::test]
+async fn a_status_written_is_not_written_again_from_a_cache_behind_it() {
+    let (zones, stale, log) = new_zone("status-writes").await;
+    let ns = stale.namespace().unwrap();
+    let status_path = format!("/namespaces/{ns}/zones/eu-west-1a/status");
+    let status_writes = || {
+        audit_writes(&log, "admin")
+            .unwrap()
+            .iter()
+            .filter(|e| e.request_u_r_i.contains(&status_path))
+            .count()
+    };
+    let writes = StatusWrites::new("status_writes");
+
+    let (first, _) = status_with(ConditionStatus::False, "waiting", 1_000);
+    assert!(
+        writes
+            .apply(&zones, &stale, MANAGER, None, &first)
+            .await
+            .unwrap()
+    );
+    assert_eq!(status_writes(), 1);
+
+    // The same object again, still without the status just written (a cache behind it), and
+    // the same status computed a second later: already on the server, not written.
+    let (again, _) = status_with(ConditionStatus::False, "waiting", 1_001);
+    assert!(
+        !writes
+            .apply(&zones, &stale, MANAGER, None, &again)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        status_writes(),
+        1,
+        "the repeat from the stale object was skipped"
+    );
+
+    // Another status from that same version is written.
+    let (other, _) = status_with(ConditionStatus::False, "still waiting", 1_002);
+    assert!(
+        writes
+            .apply(&zones, &stale, MANAGER, None, &other)
+            .await
+            .unwrap()
+    );
+    assert_eq!(status_writes(), 2);
+
+    // The cache catches up: equal, nothing written, and the entry goes.
+    let fresh = zones.get("eu-west-1a").await.unwrap();
+    assert!(
+        !writes
+            .apply(&zones, &fresh, MANAGER, fresh.status.as_ref(), &other)
+            .await
+            .unwrap()
+    );
+    assert_eq!(writes.retain_live(&|_| false), 0, "no entry is left");
+    assert_eq!(status_writes(), 2);
+
+    // We write a status, another manager overwrites it, and our next reconcile computes ours
+    // again: the object it starts from is a version we did not write from, so it is written.
+    let (ours, _) = status_with(ConditionStatus::True, "ready", 1_003);
+    assert!(
+        writes
+            .apply(&zones, &fresh, MANAGER, fresh.status.as_ref(), &ours)
+            .await
+            .unwrap()
+    );
+    let (theirs, _) = status_with(ConditionStatus::False, "theirs", 1_004);
+    apply_status(
+        &zones,
+        "eu-west-1a",
+        "e2e-other.kontinuum.sh",
+        None,
+        &theirs,
+    )
+    .await
+    .unwrap();
+    let changed = zones.get("eu-west-1a").await.unwrap();
+    assert!(
+        writes
+            .apply(&zones, &changed, MANAGER, changed.status.as_ref(), &ours)
+            .await
+            .unwrap()
+    );
+    assert_eq!(status_writes(), 5);
+    let stored = zones.get("eu-west-1a").await.unwrap().status.unwrap();
+    assert_eq!(
+        conditions::get(&stored.conditions, "ClusterReady")
+            .unwrap()
+            .message,
+        "ready"
+    );
+
+    // An entry goes with its object.
+    writes.forget(&format!("{ns}/eu-west-1a"));
+    assert_eq!(
+        writes.retain_live(&|_| false),
+        0,
+        "forgotten with its object"
     );
 }
 

@@ -51,10 +51,12 @@ pub fn rate(events: usize, elapsed: Duration) -> f64 {
     events / secs
 }
 
-/// A duration for a table: `850 µs`, `12.3 ms`, `4.56 s`.
+/// A duration for a table: `350 ns`, `850 µs`, `12.3 ms`, `4.56 s` (zero is `0 µs`).
 pub fn fmt_duration(d: Duration) -> String {
     let micros = d.as_micros();
-    if micros < 1_000 {
+    if micros == 0 && !d.is_zero() {
+        format!("{} ns", d.as_nanos())
+    } else if micros < 1_000 {
         format!("{micros} µs")
     } else if micros < 1_000_000 {
         format!("{:.1} ms", d.as_secs_f64() * 1_000.0)
@@ -106,6 +108,8 @@ mod tests {
 
     #[test]
     fn formatting() {
+        assert_eq!(fmt_duration(Duration::ZERO), "0 µs");
+        assert_eq!(fmt_duration(Duration::from_nanos(350)), "350 ns");
         assert_eq!(fmt_duration(Duration::from_micros(850)), "850 µs");
         assert_eq!(fmt_duration(Duration::from_micros(12_340)), "12.3 ms");
         assert_eq!(fmt_duration(Duration::from_millis(4_560)), "4.56 s");

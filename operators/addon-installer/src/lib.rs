@@ -53,7 +53,7 @@ use kontinuum_operator_common::error::{
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
-use kontinuum_operator_common::status::apply_status;
+use kontinuum_operator_common::status::{StatusWrites, apply_status};
 use kontinuum_operator_common::subscribe;
 use kontinuum_operator_common::tracked::{ChangeFilter, ObjectMap, forget_gone};
 use kube::core::PartialObjectMeta;
@@ -209,6 +209,9 @@ pub struct Ctx {
     pub events: Events,
     /// Per-Addon backoff after failures.
     pub backoff: Backoff,
+    /// The Addon statuses written, so a reconcile from a cache behind them neither writes
+    /// one again nor announces it twice.
+    pub status_writes: StatusWrites,
     /// Renderings by desired-state hash (the CRD gate needs the chart's CRDs).
     pub renders: Mutex<HashMap<String, Arc<Rendered>>>,
     /// The pod watches of the zone clusters (health between resyncs).
@@ -604,16 +607,14 @@ async fn write_status(
         .as_ref()
         .and_then(|s| conditions::get(&s.conditions, Cond::Ready))
         .map(|c| (c.status.clone(), c.reason.clone()));
-    apply_status(
-        &api,
-        &addon.name_any(),
-        FIELD_MANAGER,
-        addon.status.as_ref(),
-        &desired,
-    )
-    .await
-    .map_err(Error::PatchStatus)?;
-    if let Some(ready) = conditions::get(&desired.conditions, Cond::Ready) {
+    let written = ctx
+        .status_writes
+        .apply(&api, addon, FIELD_MANAGER, addon.status.as_ref(), &desired)
+        .await
+        .map_err(Error::PatchStatus)?;
+    // Not written: nothing changed, or this very status was written (and announced) from
+    // this version of the Addon already.
+    if written && let Some(ready) = conditions::get(&desired.conditions, Cond::Ready) {
         let after = (ready.status.clone(), ready.reason.clone());
         if before.as_ref() != Some(&after) {
             let reference = addon.object_ref(&());
@@ -1434,6 +1435,7 @@ pub async fn run(
     let (addons, addon_writer) = reflector::store();
     // Per-Addon state, dropped with its Addon.
     let backoff = Backoff::default();
+    let status_writes = StatusWrites::new("status_writes");
     let tracker = ReadinessTracker::default();
     let changes = SpecChanges::default();
     let (pod_trigger, pod_events) = tokio::sync::mpsc::unbounded_channel();
@@ -1450,6 +1452,7 @@ pub async fn run(
             addons.clone(),
             vec![
                 Arc::new(backoff.clone()),
+                Arc::new(status_writes.clone()),
                 Arc::new(tracker.map().clone()),
                 Arc::new(changes.map().clone()),
                 Arc::new(pods.clone()),
@@ -1477,6 +1480,7 @@ pub async fn run(
         metrics,
         events,
         backoff,
+        status_writes,
         renders: Mutex::new(HashMap::new()),
         pods,
     });

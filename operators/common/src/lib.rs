@@ -6,7 +6,8 @@
 //! * [`metrics`]: the per-controller reconcile metrics, OpenMetrics encoded;
 //! * [`leader`]: leader election on a coordination Lease; losing it stops the process;
 //! * [`shutdown`]: one SIGTERM/SIGINT signal shared by controllers, admin server and lease;
-//! * [`status`]: server-side apply of `/status`, skipped when nothing but timestamps changed;
+//! * [`status`]: server-side apply of `/status`, skipped when nothing but timestamps changed
+//!   or when it would repeat, from a cache behind it, the last status written;
 //! * [`events`]: Kubernetes Events for transitions a human should notice;
 //! * [`finalizer`]: adding and removing a finalizer, for cleanups that wait;
 //! * [`error`]: the stable `reason()` and transient/permanent class of reconcile errors;

@@ -44,7 +44,7 @@ use kontinuum_operator_common::error::{FORBIDDEN, ReconcileError, forbidden, ret
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
-use kontinuum_operator_common::status::apply_status;
+use kontinuum_operator_common::status::StatusWrites;
 use kontinuum_operator_common::tracked::forget_gone;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
@@ -154,6 +154,9 @@ pub struct Ctx {
     pub events: Events,
     /// Per-Instance backoff after failures.
     pub backoff: Backoff,
+    /// The Instance statuses written, so a reconcile from a cache behind them writes none
+    /// again.
+    pub status_writes: StatusWrites,
 }
 
 /// What can go wrong in a reconcile (a machine that does not answer is not an error: it is
@@ -338,27 +341,43 @@ pub async fn probe_all(prober: &Prober, addresses: &[String], timeout: Duration)
     }
 }
 
+/// Writes this controller's part of `desired` unless the Instance's status already equals it
+/// (or this very status was written from this version of the Instance); returns whether it
+/// wrote. Only this controller's fields are sent: conditions of other owners (the
+/// talos-bootstrapper's `Configured`/`Joined`/`Healthy`) must not become co-owned, or their
+/// owner could never remove them.
+async fn write_status(
+    instance: &Instance,
+    ctx: &Ctx,
+    desired: &InstanceStatus,
+) -> Result<bool, Error> {
+    let changed = instance
+        .status
+        .as_ref()
+        .is_none_or(|c| !conditions::status_eq_ignoring_time(c, desired));
+    if !changed {
+        return Ok(false);
+    }
+    let api: Api<Instance> = Api::namespaced(
+        ctx.client.clone(),
+        &instance.namespace().unwrap_or_default(),
+    );
+    ctx.status_writes
+        .apply(&api, instance, FIELD_MANAGER, None, &owned(desired))
+        .await
+        .map_err(Error::PatchStatus)
+}
+
 /// Reconciles one Instance.
 #[instrument(skip_all, fields(controller = CONTROLLER, instance = %instance.name_any()))]
 pub async fn reconcile(instance: Arc<Instance>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer();
-    let name = instance.name_any();
-    let ns = instance.namespace().unwrap_or_default();
-    let api: Api<Instance> = Api::namespaced(ctx.client.clone(), &ns);
     if instance.labels().contains_key(CLAIMED_BY) || instance.metadata.deletion_timestamp.is_some()
     {
         // Its machine has left maintenance mode: no probe, only the summary. The
         // bootstrapper's condition writes and a release are watch events.
         let desired = summary(&instance, Timestamp::now());
-        if instance
-            .status
-            .as_ref()
-            .is_none_or(|c| !conditions::status_eq_ignoring_time(c, &desired))
-        {
-            apply_status(&api, &name, FIELD_MANAGER, None, &owned(&desired))
-                .await
-                .map_err(Error::PatchStatus)?;
-        }
+        write_status(&instance, &ctx, &desired).await?;
         return Ok(Action::await_change());
     }
 
@@ -380,16 +399,7 @@ pub async fn reconcile(instance: Arc<Instance>, ctx: Arc<Ctx>) -> Result<Action,
     };
     let before = reason_of(current);
     let after = reason_of(Some(&desired));
-    // Only this controller's fields are sent: conditions of other owners (the
-    // talos-bootstrapper's `Configured`/`Joined`/`Healthy`) must not become co-owned, or
-    // their owner could never remove them.
-    let changed = current.is_none_or(|c| !conditions::status_eq_ignoring_time(c, &desired));
-    if changed {
-        apply_status(&api, &name, FIELD_MANAGER, None, &owned(&desired))
-            .await
-            .map_err(Error::PatchStatus)?;
-    }
-    if changed && before != after {
+    if write_status(&instance, &ctx, &desired).await? && before != after {
         report_transition(&instance, &desired, &ctx).await;
     }
     ctx.backoff.reset(&object_key(instance.as_ref()));
@@ -443,7 +453,10 @@ pub async fn run(ctx: Ctx, namespace: Option<&str>, readiness: Readiness, shutdo
     let stream = forget_gone(
         hub_watch(api, watcher::Config::default(), &readiness).reflect(writer),
         store.clone(),
-        vec![Arc::new(ctx.backoff.clone())],
+        vec![
+            Arc::new(ctx.backoff.clone()),
+            Arc::new(ctx.status_writes.clone()),
+        ],
         &ctx.metrics,
     )
     .applied_objects();

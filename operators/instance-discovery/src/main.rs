@@ -7,6 +7,7 @@ use clap::Parser;
 use instance_discovery::{CONTROLLER, Ctx, Settings, talos_prober};
 use kontinuum_operator_common::args::CommonArgs;
 use kontinuum_operator_common::backoff::Backoff;
+use kontinuum_operator_common::status::StatusWrites;
 use kontinuum_operator_common::{install_crypto_provider, operator};
 
 #[derive(Parser)]
@@ -55,6 +56,7 @@ async fn main() -> anyhow::Result<()> {
                 metrics: rt.metrics,
                 events: rt.events,
                 backoff: Backoff::default(),
+                status_writes: StatusWrites::new("status_writes"),
             };
             instance_discovery::run(ctx, namespace.as_deref(), rt.readiness, rt.shutdown).await;
         },

@@ -31,7 +31,7 @@ use kontinuum_operator_common::error::{
 use kontinuum_operator_common::events::Events;
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
-use kontinuum_operator_common::status::apply_status;
+use kontinuum_operator_common::status::StatusWrites;
 use kontinuum_operator_common::tracked::forget_gone;
 use kube::api::ListParams;
 use kube::core::{Selector, SelectorExt as _};
@@ -65,6 +65,8 @@ pub struct Ctx {
     pub events: Events,
     /// Per-pool backoff after failures.
     pub backoff: Backoff,
+    /// The pool statuses written, so a reconcile from a cache behind them writes none again.
+    pub status_writes: StatusWrites,
 }
 
 /// What can go wrong in a reconcile.
@@ -268,7 +270,7 @@ pub async fn reconcile(pool: Arc<InstancePool>, ctx: Arc<Ctx>) -> Result<Action,
                     && let Some(message) = forbidden(err)
                 {
                     // Shown as an RBAC problem; retried with the normal backoff.
-                    write_failure(&pool, &pools, Reason::Forbidden, &message).await?;
+                    write_failure(&pool, &pools, &ctx, Reason::Forbidden, &message).await?;
                 }
                 result
             }
@@ -293,7 +295,7 @@ async fn apply(pool: &InstancePool, ctx: &Ctx) -> Result<Action, Error> {
 
     let selector = match Selector::try_from(pool.spec.selector.clone()) {
         Ok(selector) => selector,
-        Err(source) => return invalid_selector(pool, &pools, &ctx.events, source).await,
+        Err(source) => return invalid_selector(pool, &pools, ctx, source).await,
     };
 
     // 1. observe: the pool's claims fresh from the API (the count must be exact), the
@@ -373,16 +375,33 @@ async fn apply(pool: &InstancePool, ctx: &Ctx) -> Result<Action, Error> {
     // 4. report
     let discovered = |n: &String| candidates.iter().any(|c| &c.name == n && c.discovered);
     let ready = held.iter().filter(|n| discovered(n)).count();
-    let desired = status(pool, held.len(), ready, pool.status.as_ref(), &now());
+    let short = report(pool, ctx, &pools, held.len(), ready).await?;
+    ctx.backoff.reset(&object_key(pool));
+    Ok(Action::requeue(if short { WAIT } else { RESYNC }))
+}
+
+/// Writes the status of a pool holding `held` Instances, `ready` of them Discovered, and
+/// warns when capacity has just become short; returns whether it is short.
+async fn report(
+    pool: &InstancePool,
+    ctx: &Ctx,
+    pools: &Api<InstancePool>,
+    held: usize,
+    ready: usize,
+) -> Result<bool, Error> {
+    let desired = status(pool, held, ready, pool.status.as_ref(), &now());
     let was_short = pool
         .status
         .as_ref()
         .is_some_and(|s| conditions::is_true(&s.conditions, Cond::InsufficientCapacity));
     let short = conditions::is_true(&desired.conditions, Cond::InsufficientCapacity);
-    apply_status(&pools, &name, FIELD_MANAGER, pool.status.as_ref(), &desired)
+    let written = ctx
+        .status_writes
+        .apply(pools, pool, FIELD_MANAGER, pool.status.as_ref(), &desired)
         .await
         .map_err(Error::PatchStatus)?;
-    if short && !was_short {
+    // Not written: unchanged, or written (and warned of) from this version of the pool.
+    if written && short && !was_short {
         let message = conditions::get(&desired.conditions, Cond::InsufficientCapacity)
             .map(|c| c.message.clone())
             .unwrap_or_default();
@@ -395,8 +414,7 @@ async fn apply(pool: &InstancePool, ctx: &Ctx) -> Result<Action, Error> {
             )
             .await;
     }
-    ctx.backoff.reset(&object_key(pool));
-    Ok(Action::requeue(if short { WAIT } else { RESYNC }))
+    Ok(short)
 }
 
 /// The pool's status with `Claimed` and `Ready` False for `reason`.
@@ -422,6 +440,7 @@ fn failure_status(
 async fn write_failure(
     pool: &InstancePool,
     pools: &Api<InstancePool>,
+    ctx: &Ctx,
     reason: Reason,
     message: &str,
 ) -> Result<bool, Error> {
@@ -430,33 +449,28 @@ async fn write_failure(
         .status
         .as_ref()
         .is_none_or(|s| !conditions::eq_ignoring_time(&s.conditions, &desired.conditions));
-    apply_status(
-        pools,
-        &pool.name_any(),
-        FIELD_MANAGER,
-        pool.status.as_ref(),
-        &desired,
-    )
-    .await
-    .map_err(Error::PatchStatus)?;
+    ctx.status_writes
+        .apply(pools, pool, FIELD_MANAGER, pool.status.as_ref(), &desired)
+        .await
+        .map_err(Error::PatchStatus)?;
     Ok(changed)
 }
 
 async fn invalid_selector(
     pool: &InstancePool,
     pools: &Api<InstancePool>,
-    events: &Events,
+    ctx: &Ctx,
     source: kube::core::ParseExpressionError,
 ) -> Result<Action, Error> {
     let err = Error::Selector(source);
     let message = chain(&err);
-    let changed = write_failure(pool, pools, Reason::InvalidSelector, &message).await?;
+    let changed = write_failure(pool, pools, ctx, Reason::InvalidSelector, &message).await?;
     warn!(
         error = &err as &dyn std::error::Error,
         "pool has an invalid selector"
     );
     if changed {
-        events
+        ctx.events
             .warning(
                 &pool.object_ref(&()),
                 Reason::InvalidSelector.as_str(),
@@ -560,10 +574,11 @@ pub async fn run(
         .applied_objects();
     let (pools, pool_writer) = reflector::store();
     let backoff = Backoff::default();
+    let status_writes = StatusWrites::new("status_writes");
     let pool_events = forget_gone(
         hub_watch(pools_api, watcher::Config::default(), &readiness).reflect(pool_writer),
         pools.clone(),
-        vec![Arc::new(backoff.clone())],
+        vec![Arc::new(backoff.clone()), Arc::new(status_writes.clone())],
         &metrics,
     )
     .applied_objects();
@@ -574,6 +589,7 @@ pub async fn run(
         metrics,
         events,
         backoff,
+        status_writes,
     });
     let mapper_pools = pools.clone();
     kontinuum_operator_common::operator::drain(

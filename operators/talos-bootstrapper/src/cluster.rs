@@ -250,17 +250,19 @@ impl<'a> Run<'a> {
         );
         conditions::set(&mut self.status.conditions, ready, &self.now);
         let name = self.cluster.name_any();
-        apply_status(
-            &self.api,
-            &name,
-            FIELD_MANAGER,
-            self.written.as_ref(),
-            &self.status,
-        )
-        .await
-        .map_err(Error::kube(format!(
-            "patch the status of TalosCluster {name}"
-        )))?;
+        self.ctx
+            .status_writes
+            .apply(
+                &self.api,
+                self.cluster,
+                FIELD_MANAGER,
+                self.written.as_ref(),
+                &self.status,
+            )
+            .await
+            .map_err(Error::kube(format!(
+                "patch the status of TalosCluster {name}"
+            )))?;
         self.written = Some(self.status.clone());
         for (name, (current, desired)) in &mut self.members {
             if conditions::eq_ignoring_time(current, desired) {

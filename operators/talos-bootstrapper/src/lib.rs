@@ -103,6 +103,9 @@ pub struct Ctx {
     /// When each cluster's control plane last passed its health check (`namespace/name`;
     /// dropped with the cluster).
     pub last_healthy: ObjectMap<tokio::time::Instant>,
+    /// The TalosCluster statuses written, so a reconcile from a cache behind them writes
+    /// none again.
+    pub status_writes: kontinuum_operator_common::status::StatusWrites,
 }
 
 impl Ctx {
@@ -312,6 +315,7 @@ pub async fn run(
     // Per-cluster state, dropped with its cluster.
     let backoff = Backoff::default();
     let last_healthy = ObjectMap::new("last_healthy");
+    let status_writes = kontinuum_operator_common::status::StatusWrites::new("status_writes");
     let cluster_events = forget_gone(
         hub_watch(
             api::<TalosCluster>(&client, namespace),
@@ -320,7 +324,11 @@ pub async fn run(
         )
         .reflect(cluster_writer),
         clusters.clone(),
-        vec![Arc::new(backoff.clone()), Arc::new(last_healthy.clone())],
+        vec![
+            Arc::new(backoff.clone()),
+            Arc::new(last_healthy.clone()),
+            Arc::new(status_writes.clone()),
+        ],
         &metrics,
     )
     .applied_objects();
@@ -340,6 +348,7 @@ pub async fn run(
         events,
         backoff,
         last_healthy,
+        status_writes,
     });
     let secrets = api::<k8s_openapi::api::core::v1::Secret>(&client, namespace);
     let clusters_done = cluster::run(

@@ -26,7 +26,7 @@ use kontinuum_operator_common::finalizer;
 use kontinuum_operator_common::kubeconfig::{self, KubeconfigError};
 use kontinuum_operator_common::metrics::ControllerMetrics;
 use kontinuum_operator_common::shutdown::Shutdown;
-use kontinuum_operator_common::status::apply_status;
+use kontinuum_operator_common::status::StatusWrites;
 use kontinuum_operator_common::subscribe;
 use kontinuum_operator_common::tracked::{ChangeFilter, ObjectMap, forget_gone};
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -68,6 +68,9 @@ pub struct Ctx {
     /// The rotation request last handled per Zone (`namespace/name`): a reconcile that
     /// runs before the store shows the status that recorded it must not rotate again.
     pub rotations: ObjectMap<String>,
+    /// The Zone statuses written, so a reconcile from a cache behind them neither writes
+    /// one again nor announces its transitions twice.
+    pub status_writes: StatusWrites,
 }
 
 /// What can go wrong in a reconcile. Each is reported in a condition too.
@@ -335,15 +338,17 @@ async fn apply(zone: &Zone, ctx: &Ctx) -> Result<Action, Error> {
 /// Writes `desired` if it differs, and announces the transitions.
 async fn write_status(zone: &Zone, ctx: &Ctx, desired: &ZoneStatus) -> Result<(), Error> {
     let ns = zone.namespace().unwrap_or_default();
-    let written = apply_status(
-        &zones_api(ctx, &ns),
-        &zone.name_any(),
-        FIELD_MANAGER,
-        zone.status.as_ref(),
-        desired,
-    )
-    .await
-    .map_err(Error::PatchStatus)?;
+    let written = ctx
+        .status_writes
+        .apply(
+            &zones_api(ctx, &ns),
+            zone,
+            FIELD_MANAGER,
+            zone.status.as_ref(),
+            desired,
+        )
+        .await
+        .map_err(Error::PatchStatus)?;
     if written {
         let reference = zone.object_ref(&());
         for c in status::transitions(zone.status.as_ref(), desired) {
@@ -1059,6 +1064,7 @@ pub async fn run(
     // Per-Zone state, dropped with its Zone.
     let backoff = Backoff::default();
     let rotations = ObjectMap::new("rotations");
+    let status_writes = StatusWrites::new("status_writes");
     let changes = SpecChanges::default();
     let (zone_events, mut subscribers) = subscribe::share(
         forget_gone(
@@ -1072,6 +1078,7 @@ pub async fn run(
             vec![
                 Arc::new(backoff.clone()),
                 Arc::new(rotations.clone()),
+                Arc::new(status_writes.clone()),
                 Arc::new(changes.map().clone()),
             ],
             &metrics,
@@ -1125,6 +1132,7 @@ pub async fn run(
         events,
         backoff,
         rotations,
+        status_writes,
     });
     let zone_trigger = zone_trigger.filter(move |zone| std::future::ready(changes.changed(zone)));
     let by_instance = zones.clone();
