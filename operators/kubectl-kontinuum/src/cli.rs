@@ -217,7 +217,8 @@ pub struct ZoneRemoveArgs {
     /// Name of the Zone (<region>-<zone>).
     pub name: String,
 
-    /// Wait until the Zone is gone, showing its teardown progress and deadline.
+    /// Wait until the Zone and its TalosCluster are gone (the machines reset and released),
+    /// showing their teardown progress and deadline.
     #[arg(long)]
     pub wait: bool,
 

@@ -472,7 +472,7 @@ fn completion(args: &CompletionArgs) -> Result<(), Error> {
 pub enum WaitFor {
     /// The Zone's `Ready=True`.
     Ready,
-    /// The Zone to be gone.
+    /// The Zone and its TalosCluster to be gone (the machines reset and released).
     Gone,
 }
 
@@ -497,7 +497,7 @@ impl WaitFor {
     pub fn reached(self, snapshot: &view::Snapshot) -> bool {
         match self {
             Self::Ready => view::zone_ready(snapshot),
-            Self::Gone => view::zone_gone(snapshot),
+            Self::Gone => view::zone_removed(snapshot),
         }
     }
 
@@ -630,13 +630,16 @@ async fn wait(
     let mut last_error: Option<String> = None;
     let mut seen_zone = false;
     loop {
+        // Nothing is judged before every watch has listed once: a TalosCluster not yet listed
+        // is not a TalosCluster gone.
+        let synced = zones.synced && clusters.synced && addons.synced;
         let snapshot = view::snapshot(
             name,
             zones.objects.get(name),
             clusters.objects.get(name),
             &addons.objects.values().cloned().collect::<Vec<_>>(),
         );
-        if zones.synced && snapshot != shown {
+        if synced && snapshot != shown {
             if term.is_tty {
                 let lines =
                     view::frame(&title, &snapshot, term.style, term.width.saturating_sub(1));
@@ -649,18 +652,18 @@ async fn wait(
             }
             shown = snapshot;
         }
-        if until == WaitFor::Ready && zones.synced && seen_zone && view::zone_gone(&shown) {
+        if until == WaitFor::Ready && synced && seen_zone && view::zone_gone(&shown) {
             return Err(Error::NotFound(format!(
                 "zone {name} was deleted while waiting for it to become Ready"
             )));
         }
         seen_zone |= !view::zone_gone(&shown);
-        if zones.synced && until.reached(&shown) {
+        if synced && until.reached(&shown) {
             return out(&until.finished(name));
         }
         match tokio::time::timeout_at(deadline, updates.next()).await {
             Err(_) => {
-                let snapshot = zones.synced.then_some(&shown);
+                let snapshot = synced.then_some(&shown);
                 return Err(Error::WaitTimeout(until.timeout_message(
                     name,
                     timeout,
@@ -685,7 +688,7 @@ async fn wait(
 
 #[cfg(test)]
 mod tests {
-    use kontinuum_crds::v1alpha2::{KontinuumSpec, KontinuumStatus, ZoneSpec};
+    use kontinuum_crds::v1alpha2::{KontinuumSpec, KontinuumStatus, TalosClusterSpec, ZoneSpec};
 
     use super::*;
 
@@ -744,6 +747,8 @@ mod tests {
             "timed out after 3s waiting for zone eu-a to be removed; blocked on: the Zone could not be watched yet (last watch error: 403 forbidden)"
         );
         assert!(WaitFor::Gone.reached(&empty));
+        let cluster = TalosCluster::new("eu-a", TalosClusterSpec::default());
+        assert!(!WaitFor::Gone.reached(&view::snapshot("eu-a", None, Some(&cluster), &[])));
         assert!(!ready.reached(&empty));
     }
 

@@ -271,11 +271,23 @@ pub fn zone_ready(snapshot: &Snapshot) -> bool {
 
 /// Whether the Zone of `snapshot` is gone.
 pub fn zone_gone(snapshot: &Snapshot) -> bool {
+    gone(snapshot, "Zone")
+}
+
+/// Whether the zone's removal has finished: the Zone is gone and so is its TalosCluster.
+/// The Zone's finalizer goes once it has *issued* the TalosCluster's deletion; the
+/// TalosCluster's own finalizer then resets and releases the machines, so only its going
+/// means the machines are back in maintenance.
+pub fn zone_removed(snapshot: &Snapshot) -> bool {
+    gone(snapshot, "Zone") && gone(snapshot, "TalosCluster")
+}
+
+fn gone(snapshot: &Snapshot, kind: &str) -> bool {
     snapshot
         .objects
         .iter()
-        .find(|o| o.kind == "Zone")
-        .is_none_or(|z| !z.exists)
+        .find(|o| o.kind == kind)
+        .is_none_or(|o| !o.exists)
 }
 
 /// The deepest condition that keeps the zone from being Ready: the first Zone gate that is
@@ -326,19 +338,25 @@ pub fn ready_blocker(snapshot: &Snapshot) -> String {
 /// Why the Zone is still there: its `Deleting` (or legacy `Teardown`) condition, whose
 /// message carries the teardown deadline.
 pub fn removal_blocker(snapshot: &Snapshot) -> String {
-    let Some(zone) = snapshot
-        .objects
-        .iter()
-        .find(|o| o.kind == "Zone" && o.exists)
-    else {
-        return "the Zone is gone".to_owned();
+    let existing = |kind: &str| snapshot.objects.iter().find(|o| o.kind == kind && o.exists);
+    let (object, progress): (_, &[&str]) = if let Some(zone) = existing("Zone") {
+        (zone, &[ZoneCondition::Deleting.as_str(), LEGACY_TEARDOWN])
+    } else if let Some(cluster) = existing("TalosCluster") {
+        (cluster, &[TalosClusterCondition::Deleting.as_str()])
+    } else {
+        return "the Zone and its TalosCluster are gone".to_owned();
     };
-    [ZoneCondition::Deleting.as_str(), LEGACY_TEARDOWN]
+    progress
         .iter()
-        .find_map(|t| conditions::get(&zone.conditions, t))
+        .find_map(|t| conditions::get(&object.conditions, t))
         .map_or_else(
-            || format!("Zone {} reports no teardown progress yet", zone.name),
-            |c| format!("Zone {} {}", zone.name, describe_condition(c)),
+            || {
+                format!(
+                    "{} {} reports no teardown progress yet",
+                    object.kind, object.name
+                )
+            },
+            |c| format!("{} {} {}", object.kind, object.name, describe_condition(c)),
         )
 }
 
@@ -649,5 +667,37 @@ mod tests {
         assert!(frame("t", &snap, Style::plain(), 200)[1].ends_with("(deleting)"));
         assert!(!zone_gone(&snap));
         assert!(zone_gone(&snapshot("eu-a", None, None, &[])));
+    }
+
+    #[test]
+    fn a_zone_is_removed_once_its_talos_cluster_is_gone_too() {
+        let mut tc = cluster(vec![cond(
+            "Deleting",
+            True,
+            "ResettingInstances",
+            "resetting eu-a-cp-0",
+        )]);
+        tc.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        let resetting = snapshot("eu-a", None, Some(&tc), &[]);
+        assert!(zone_gone(&resetting));
+        assert!(!zone_removed(&resetting));
+        assert_eq!(
+            removal_blocker(&resetting),
+            "TalosCluster eu-a Deleting=True (ResettingInstances): resetting eu-a-cp-0"
+        );
+        let quiet = snapshot("eu-a", None, Some(&cluster(Vec::new())), &[]);
+        assert_eq!(
+            removal_blocker(&quiet),
+            "TalosCluster eu-a reports no teardown progress yet"
+        );
+        let both_gone = snapshot("eu-a", None, None, &[]);
+        assert!(zone_removed(&both_gone));
+        assert_eq!(
+            removal_blocker(&both_gone),
+            "the Zone and its TalosCluster are gone"
+        );
     }
 }

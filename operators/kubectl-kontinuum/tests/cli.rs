@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kontinuum_crds::v1alpha2::{Instance, TalosCluster, Zone};
 use kontinuum_e2e::testbed::Shared;
 use kontinuum_e2e::{eventually, install_kontinuum_crds, namespace, shared_client};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt as _};
 use serde_json::json;
 
@@ -190,6 +190,21 @@ where
         &Patch::Apply(json!({
             "apiVersion": "kontinuum.sh/v1alpha2", "kind": kind, "status": status
         })),
+    )
+    .await
+    .unwrap();
+}
+
+/// Sets (or with `None` clears) the object's finalizers, as an operator would.
+async fn set_finalizer<K>(api: &Api<K>, name: &str, finalizer: Option<&str>)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let finalizers = finalizer.map(|f| vec![f]);
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "metadata": { "finalizers": finalizers } })),
     )
     .await
     .unwrap();
@@ -795,16 +810,18 @@ async fn zone_remove_deletes_and_waits_for_teardown() {
     .unwrap();
 
     // With a finalizer (the zone-installer's teardown), --wait shows the Deleting condition
-    // and its deadline until the Zone is gone.
+    // and its deadline until the Zone is gone, then the TalosCluster's teardown (its own
+    // finalizer resets the machines after the Zone's went) until it is gone too.
     create_zone(&client, &ns, "eu", "slow").await;
-    zones
-        .patch(
-            "eu-slow",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "finalizers": ["kontinuum.sh/zone-installer"] } })),
-        )
-        .await
-        .unwrap();
+    create_cluster(&client, &ns, "eu-slow").await;
+    let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
+    set_finalizer(&zones, "eu-slow", Some("kontinuum.sh/zone-installer")).await;
+    set_finalizer(
+        &clusters,
+        "eu-slow",
+        Some("kontinuum.sh/taloscluster-teardown"),
+    )
+    .await;
     set_status(
         &zones,
         "eu-slow",
@@ -823,18 +840,30 @@ async fn zone_remove_deletes_and_waits_for_teardown() {
         "Zone eu-slow: Deleting=True (DownstreamTeardownFailed): zone cluster unreachable; retrying until 2026-12-01T23:45:00Z",
     )
     .await;
-    zones
-        .patch(
-            "eu-slow",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
-        )
+    // The zone-installer's last step: the TalosCluster's deletion issued, its finalizer gone.
+    clusters
+        .delete("eu-slow", &DeleteParams::default())
         .await
         .unwrap();
+    set_finalizer(&zones, "eu-slow", None).await;
+    running.expect("Zone eu-slow: gone").await;
+    // Still waiting: the machines are being reset.
+    set_status(
+        &clusters,
+        "eu-slow",
+        "TalosCluster",
+        json!({ "conditions": [ condition("Deleting", "True", "ResettingInstances",
+            "resetting eu-slow-cp-0") ]}),
+    )
+    .await;
+    running
+        .expect("TalosCluster eu-slow: Deleting=True (ResettingInstances): resetting eu-slow-cp-0")
+        .await;
+    set_finalizer(&clusters, "eu-slow", None).await;
     let (code, lines, stderr) = running.finish().await;
     let stdout = lines.join("\n");
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    assert!(stdout.contains("Zone eu-slow: gone"), "{stdout}");
+    assert!(stdout.contains("TalosCluster eu-slow: gone"), "{stdout}");
     assert_eq!(
         lines.last().map(String::as_str),
         Some("zone eu-slow removed"),
@@ -843,14 +872,7 @@ async fn zone_remove_deletes_and_waits_for_teardown() {
 
     // A removal that does not finish in time names the teardown condition.
     create_zone(&client, &ns, "eu", "stuck").await;
-    zones
-        .patch(
-            "eu-stuck",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "finalizers": ["kontinuum.sh/zone-installer"] } })),
-        )
-        .await
-        .unwrap();
+    set_finalizer(&zones, "eu-stuck", Some("kontinuum.sh/zone-installer")).await;
     set_status(
         &zones,
         "eu-stuck",
@@ -870,14 +892,7 @@ async fn zone_remove_deletes_and_waits_for_teardown() {
         "{}",
         stuck.stderr
     );
-    zones
-        .patch(
-            "eu-stuck",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
-        )
-        .await
-        .unwrap();
+    set_finalizer(&zones, "eu-stuck", None).await;
 }
 
 #[tokio::test]
