@@ -335,8 +335,9 @@ pub fn ready_blocker(snapshot: &Snapshot) -> String {
         .unwrap_or(cluster_line)
 }
 
-/// Why the Zone is still there: its `Deleting` (or legacy `Teardown`) condition, whose
-/// message carries the teardown deadline.
+/// Why the removal has not finished: the Zone's `Deleting` (or legacy `Teardown`)
+/// condition while the Zone is there, then its TalosCluster's `Deleting` condition (the
+/// machines being reset); their messages carry the teardown deadline.
 pub fn removal_blocker(snapshot: &Snapshot) -> String {
     let existing = |kind: &str| snapshot.objects.iter().find(|o| o.kind == kind && o.exists);
     let (object, progress): (_, &[&str]) = if let Some(zone) = existing("Zone") {
